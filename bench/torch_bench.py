@@ -8,7 +8,9 @@ times full training steps (forward, backward, AdamW) of the model of the specifi
 float32, with the same shapes as normref's benchmark, using the model code of
 bench/torch_peer.py (the independent implementation that make check compares with normref),
 and prints one line of key=value pairs: seconds per step (median of the timed steps, after
-one warm-up step), tokens per second, and the peak resident memory of the process.
+one warm-up step), tokens per second, and the peak resident memory: of the whole process
+(peak_rss_mib) and of training alone (train_peak_mib, the high-water mark reset once the
+float32 model exists, as normref's bench/bench_perf does; -1 where Linux refuses the reset).
 Exit status 77 when PyTorch is not installed.
 """
 import argparse
@@ -66,6 +68,24 @@ def weights(cfg, rng):
     return w
 
 
+def hwm_reset():
+    """Reset the resident set's high-water mark (Linux >= 4.0); False if refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def hwm_mib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return -1.0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--placement", default="pre")
@@ -90,6 +110,7 @@ def main():
     opt = torch.optim.AdamW(list(peer.p.values()), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     tokens = torch.tensor(rng.integers(0, a.vocab_size, (a.batch, a.seq)))
     targets = torch.tensor(rng.integers(0, a.vocab_size, (a.batch, a.seq)))
+    reset = hwm_reset()
     times = []
     for step in range(a.steps + 1):
         t0 = time.perf_counter()
@@ -101,8 +122,11 @@ def main():
             times.append(time.perf_counter() - t0)
     step_s = float(np.median(times))
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print("peer=pytorch-%s threads=%d step_s=%.6f tokens_per_s=%.1f peak_rss_mib=%.1f loss=%.4f" %
-          (torch.__version__, a.threads, step_s, a.batch * a.seq / step_s, rss_mib, loss.item()))
+    train_mib = hwm_mib() if reset else -1.0
+    print("peer=pytorch-%s threads=%d step_s=%.6f tokens_per_s=%.1f peak_rss_mib=%.1f "
+          "train_peak_mib=%.1f loss=%.4f" %
+          (torch.__version__, a.threads, step_s, a.batch * a.seq / step_s, rss_mib, train_mib,
+           loss.item()))
 
 
 if __name__ == "__main__":
