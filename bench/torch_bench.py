@@ -123,10 +123,10 @@ def main():
     step_s = float(np.median(times))
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     train_mib = hwm_mib() if reset else -1.0
-    print("peer=pytorch-%s threads=%d step_s=%.6f tokens_per_s=%.1f peak_rss_mib=%.1f "
+    print("peer=pytorch-%s threads=%d step_s=%.6f min_s=%.6f tokens_per_s=%.1f peak_rss_mib=%.1f "
           "train_peak_mib=%.1f loss=%.4f" %
-          (torch.__version__, a.threads, step_s, a.batch * a.seq / step_s, rss_mib, train_mib,
-           loss.item()))
+          (torch.__version__, a.threads, step_s, min(times), a.batch * a.seq / step_s, rss_mib,
+           train_mib, loss.item()))
 
 
 if __name__ == "__main__":
