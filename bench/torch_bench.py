@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The PyTorch side of normref's training benchmark.
 
-    python3 bench/torch_bench.py --placement pre --n-layer 12 --n-embd 768 --n-head 12 \
+    /usr/bin/python3 bench/torch_bench.py --placement pre --n-layer 12 --n-embd 768 --n-head 12 \
         --vocab-size 50257 --batch 4 --seq 64 --steps 5 --threads 2
 
 times full training steps (forward, backward, AdamW) of the model of the specification in

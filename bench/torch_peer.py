@@ -6,8 +6,8 @@ same placement from its own code (spec sections 2-5, written from the specificat
 translated from the C), runs the batch that `normref grad` reads from a byte file, and
 compares its loss and every gradient with a gradient file written by `normref grad`.
 
-    python3 bench/torch_peer.py check MODEL DATA B T GRADS [--tol 1e-12]
-    python3 bench/torch_peer.py check-list FILE [--tol 1e-12]
+    /usr/bin/python3 bench/torch_peer.py check MODEL DATA B T GRADS [--tol 1e-12]
+    /usr/bin/python3 bench/torch_peer.py check-list FILE [--tol 1e-12]
 
 prints one line per tensor (normwise relative difference) and exits 0 when every tensor
 agrees within --tol, 1 otherwise, 77 when PyTorch is not installed.  check-list reads one
