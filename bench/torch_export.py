@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Export a PyTorch implementation's results with the specification's names, for `normref check`.
+
+This is the other side of a validation: an implementation that is not normref computes the
+loss, the logits, every gradient and the trace of the residual stream on the batch that
+`normref grad` and `normref check` read, and writes them as a safetensors file named as
+spec section 8 says (`loss`, `logits`, `grad.NAME`, `stream.{k}`, `branch.{k}`), with the
+precision it claims in `__metadata__.precision`.  The implementation is bench/torch_peer.py's
+model, written from the specification in PyTorch autograd.
+
+    /usr/bin/python3 bench/torch_export.py MODEL DATA B T OUT [--dtype f64|f32] [--break NAME]
+
+--break plants one deliberate mistake, so that the report that catches it can be read:
+  ln-eps-outside   LayerNorm divides by sqrt(var) + eps instead of sqrt(var + eps)
+  gelu-erf         the MLP uses the erf GELU instead of the tanh approximation
+
+Exit 0 when the file is written, 2 on a usage error, 77 when PyTorch is not installed.
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_peer  # noqa: E402,F401  (exits 77 without PyTorch)
+from torch_peer import Peer, byte_batch, read_safetensors, step_size  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+BREAKS = ("ln-eps-outside", "gelu-erf")
+
+
+class TracedPeer(Peer):
+    """The peer, recording the stream entering every sublayer and every branch output.
+
+    stream.{k} enters sublayer k (k = 0 .. 2L, stream.0 after any embedding norm); branch.{k}
+    is sublayer k's F(h) after any output norm, before the step size multiplies it, which
+    is what is added to (or, for GeoNorm, combined with) the stream."""
+
+    def __init__(self, cfg, weights, dtype, broken):
+        super().__init__(cfg, weights, dtype)
+        self.broken = broken
+        self.trace = {}
+
+    def norm(self, x, slot):
+        if self.broken == "ln-eps-outside" and self.c["norm"] == "layernorm":
+            mu = x.mean(-1, keepdim=True)
+            var = ((x - mu) ** 2).mean(-1, keepdim=True)
+            return ((x - mu) / (torch.sqrt(var) + self.c["eps"]) * self.p[slot + ".weight"]
+                    + self.p[slot + ".bias"])
+        return super().norm(x, slot)
+
+    def mlp(self, x, l):
+        if self.broken != "gelu-erf":
+            return super().mlp(x, l)
+        pre = "h.%d.mlp." % l
+        a = x @ self.p[pre + "w_up"].T + self.p[pre + "b_up"]
+        g = 0.5 * a * (1 + torch.erf(a / math.sqrt(2)))
+        return g @ self.p[pre + "w_down"].T + self.p[pre + "b_down"]
+
+    def record(self, k, stream, branch):
+        self.trace["stream.%d" % k] = stream
+        self.trace["branch.%d" % k] = branch
+
+    def block(self, x, l):
+        c, L, dt = self.c, self.c["n_layer"], self.c["dt"]
+        p = c["placement"]
+        if p == "mixln":
+            p = "post" if l < L // 4 else "pre"
+        nqk = c["qk_norm"] or c["qkv_norm"]
+        nv = c["qkv_norm"]
+        A = lambda z: self.attention(z, l, nqk, nv)
+        M = lambda z: self.mlp(z, l)
+        N = lambda z, slot: self.norm(z, "h.%d.%s" % (l, slot))
+        k = 2 * l
+        if p == "pre" or (p == "hybrid_star" and l == 0):
+            fa = A(N(x, "norm_attn_in"))
+            y = x + dt * fa
+            fm = M(N(y, "norm_mlp_in"))
+            self.record(k, x, fa)
+            self.record(k + 1, y, fm)
+            return y + dt * fm
+        if p in ("peri", "sandwich"):
+            fa = N(A(N(x, "norm_attn_in")), "norm_attn_out")
+            y = x + dt * fa
+            fm = N(M(N(y, "norm_mlp_in")), "norm_mlp_out")
+            self.record(k, x, fa)
+            self.record(k + 1, y, fm)
+            return y + dt * fm
+        if p == "none":
+            fa = A(x)
+            y = x + dt * fa
+            fm = M(y)
+            self.record(k, x, fa)
+            self.record(k + 1, y, fm)
+            return y + dt * fm
+        if p == "geonorm":
+            aA = step_size(c["geo_schedule"], c["geo_alpha_attn"], l + 1, L)
+            aM = step_size(c["geo_schedule"], c["geo_alpha_mlp"], l + 1, L)
+            fa = A(N(x, "norm_attn_in"))
+            y = self.geo(x, fa, aA)
+            fm = M(N(y, "norm_mlp_in"))
+            self.record(k, x, fa)
+            self.record(k + 1, y, fm)
+            return self.geo(y, fm, aM)
+        self.traced = False      # a placement whose trace this exporter does not write
+        return super().block(x, l)
+
+    def forward(self, tokens, targets):
+        """The loss as Peer.loss computes it, keeping the logits and the last stream."""
+        c = self.c
+        B, T = tokens.shape
+        self.traced = True
+        x = self.p["wte"][tokens] + self.p["wpe"][:T]
+        if c["emb_norm"]:
+            if c["placement"] == "geonorm":
+                x = math.sqrt(c["n_embd"]) * x / torch.sqrt((x * x).sum(-1, keepdim=True))
+            else:
+                x = self.norm(x, "norm_emb")
+        for l in range(c["n_layer"]):
+            x = self.block(x, l)
+        self.trace["stream.%d" % (2 * c["n_layer"])] = x
+        if c["placement"] not in ("none", "post", "deepnorm"):
+            x = self.norm(x, "norm_f")
+        logits = x @ self.p["wte"].T
+        loss = torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
+        return loss, logits
+
+
+def write_safetensors(path, tensors, metadata):
+    """tensors: list of (name, numpy array); written in that order, plain (no checksums)."""
+    header, offset, blobs = {"__metadata__": metadata}, 0, []
+    for name, arr in tensors:
+        arr = np.ascontiguousarray(arr)
+        dtype = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32"}[arr.dtype]
+        raw = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    tmp = path + ".tmp%d" % os.getpid()
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for raw in blobs:
+            f.write(raw)
+    os.replace(tmp, path)
+
+
+def export(model, data, B, T, out, dtype, broken):
+    meta, weights = read_safetensors(model)
+    cfg = json.loads(meta["config"])
+    tdtype, ndtype = {"f64": (torch.float64, np.float64), "f32": (torch.float32, np.float32)}[dtype]
+    peer = TracedPeer(cfg, weights, tdtype, broken)
+    tokens, targets = byte_batch(data, B, T)
+    loss, logits = peer.forward(tokens, targets)
+    for t in peer.trace.values():
+        t.retain_grad()
+    loss.backward()
+    tensors = []
+    if peer.traced:
+        L = cfg["n_layer"]
+        for k in range(2 * L + 1):
+            tensors.append(("stream.%d" % k, peer.trace["stream.%d" % k].detach().numpy()))
+            if k < 2 * L:
+                tensors.append(("branch.%d" % k, peer.trace["branch.%d" % k].detach().numpy()))
+    tensors.append(("logits", logits.detach().numpy()))
+    tensors.append(("loss", np.array(loss.item(), dtype=ndtype)))
+    for name, t in peer.p.items():
+        g = t.grad.numpy() if t.grad is not None else np.zeros(tuple(t.shape), dtype=ndtype)
+        tensors.append(("grad." + name, g))
+    write_safetensors(out, [(n, np.asarray(a, dtype=ndtype)) for n, a in tensors],
+                      {"precision": dtype, "producer": "bench/torch_export.py" +
+                       (" --break " + broken if broken else "")})
+    print("torch_export: %s, loss %.17g, %d tensors%s -> %s" %
+          (cfg["placement"], loss.item(), len(tensors),
+           "" if peer.traced else " (no trace for this placement)", out))
+    return 0
+
+
+def main(args):
+    dtype, broken = "f64", None
+    while len(args) > 5:
+        if args[-2] == "--dtype" and args[-1] in ("f64", "f32"):
+            dtype = args[-1]
+        elif args[-2] == "--break" and args[-1] in BREAKS:
+            broken = args[-1]
+        else:
+            break
+        del args[-2:]
+    if len(args) != 5:
+        print(__doc__, file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    return export(args[0], args[1], int(args[2]), int(args[3]), args[4], dtype, broken)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
