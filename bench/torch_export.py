@@ -9,6 +9,9 @@ precision it claims in `__metadata__.precision`.  The implementation is bench/to
 model, written from the specification in PyTorch autograd.
 
     /usr/bin/python3 bench/torch_export.py MODEL DATA B T OUT [--dtype f64|f32] [--break NAME]
+    /usr/bin/python3 bench/torch_export.py export-list FILE
+
+export-list reads one "MODEL DATA B T OUT [options]" line per export.
 
 --break plants one deliberate mistake, so that the report that catches it can be read:
   ln-eps-outside   LayerNorm divides by sqrt(var) + eps instead of sqrt(var + eps)
@@ -89,6 +92,22 @@ class TracedPeer(Peer):
             self.record(k, x, fa)
             self.record(k + 1, y, fm)
             return y + dt * fm
+        if p in ("post", "deepnorm"):
+            al = (2 * L) ** 0.25 if p == "deepnorm" else 1.0
+            fa = A(x)
+            y = N(al * x + dt * fa, "norm_attn_out")
+            fm = M(y)
+            self.record(k, x, fa)
+            self.record(k + 1, y, fm)
+            return N(al * y + dt * fm, "norm_mlp_out")
+        if p in ("hybrid", "hybrid_star"):
+            fa = A(x)
+            y = x + dt * fa
+            ny = N(y, "norm_mlp_in")
+            fm = M(ny)
+            self.record(k, x, fa)
+            self.record(k + 1, y, fm)
+            return ny + dt * fm
         if p == "none":
             fa = A(x)
             y = x + dt * fa
@@ -105,14 +124,12 @@ class TracedPeer(Peer):
             self.record(k, x, fa)
             self.record(k + 1, y, fm)
             return self.geo(y, fm, aM)
-        self.traced = False      # a placement whose trace this exporter does not write
-        return super().block(x, l)
+        raise ValueError("torch_export: no PyTorch model of placement " + p)
 
     def forward(self, tokens, targets):
         """The loss as Peer.loss computes it, keeping the logits and the last stream."""
         c = self.c
         B, T = tokens.shape
-        self.traced = True
         x = self.p["wte"][tokens] + self.p["wpe"][:T]
         if c["emb_norm"]:
             if c["placement"] == "geonorm":
@@ -133,7 +150,7 @@ def write_safetensors(path, tensors, metadata):
     """tensors: list of (name, numpy array); written in that order, plain (no checksums)."""
     header, offset, blobs = {"__metadata__": metadata}, 0, []
     for name, arr in tensors:
-        arr = np.ascontiguousarray(arr)
+        arr = np.array(arr, order="C")      # keeps a 0-d array 0-d (the scalar loss)
         dtype = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32"}[arr.dtype]
         raw = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
         header[name] = {"dtype": dtype, "shape": list(arr.shape),
@@ -158,16 +175,13 @@ def export(model, data, B, T, out, dtype, broken):
     peer = TracedPeer(cfg, weights, tdtype, broken)
     tokens, targets = byte_batch(data, B, T)
     loss, logits = peer.forward(tokens, targets)
-    for t in peer.trace.values():
-        t.retain_grad()
     loss.backward()
     tensors = []
-    if peer.traced:
-        L = cfg["n_layer"]
-        for k in range(2 * L + 1):
-            tensors.append(("stream.%d" % k, peer.trace["stream.%d" % k].detach().numpy()))
-            if k < 2 * L:
-                tensors.append(("branch.%d" % k, peer.trace["branch.%d" % k].detach().numpy()))
+    L = cfg["n_layer"]
+    for k in range(2 * L + 1):
+        tensors.append(("stream.%d" % k, peer.trace["stream.%d" % k].detach().numpy()))
+        if k < 2 * L:
+            tensors.append(("branch.%d" % k, peer.trace["branch.%d" % k].detach().numpy()))
     tensors.append(("logits", logits.detach().numpy()))
     tensors.append(("loss", np.array(loss.item(), dtype=ndtype)))
     for name, t in peer.p.items():
@@ -176,13 +190,20 @@ def export(model, data, B, T, out, dtype, broken):
     write_safetensors(out, [(n, np.asarray(a, dtype=ndtype)) for n, a in tensors],
                       {"precision": dtype, "producer": "bench/torch_export.py" +
                        (" --break " + broken if broken else "")})
-    print("torch_export: %s, loss %.17g, %d tensors%s -> %s" %
-          (cfg["placement"], loss.item(), len(tensors),
-           "" if peer.traced else " (no trace for this placement)", out))
+    print("torch_export: %s %s, loss %.17g, %d tensors -> %s" %
+          (cfg["placement"], cfg["norm"], loss.item(), len(tensors), out))
     return 0
 
 
 def main(args):
+    if len(args) == 2 and args[0] == "export-list":
+        # one "MODEL DATA B T OUT [options]" line per export: one process for many (PyTorch starts slowly)
+        torch.set_num_threads(1)
+        status = 0
+        for line in open(args[1]):
+            if line.strip():
+                status |= main(line.split())
+        return status
     dtype, broken = "f64", None
     while len(args) > 5:
         if args[-2] == "--dtype" and args[-1] in ("f64", "f32"):
