@@ -108,7 +108,8 @@ def run_attention(params, inp, dtype):
     parts = {"q": q, "k": k, "v": v}
     for s in "qkv":
         if norm is not None and ("gamma_" + s) in ws:
-            parts[s] = head_norm(parts[s], norm, ws["gamma_" + s], ws.get("beta_" + s), params["eps"])
+            parts[s] = head_norm(parts[s], norm, ws["gamma_" + s], ws.get("beta_" + s),
+                                 params["eps"])
     scores = parts["q"] @ parts["k"].transpose(-1, -2) / math.sqrt(dk)
     mask = torch.ones(T, T, dtype=torch.bool).triu(1)
     probs = F.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
