@@ -12,6 +12,7 @@ are results, reported), 2 on a bad manifest or file.
 """
 import json
 import math
+import os
 import struct
 import sys
 
@@ -169,6 +170,28 @@ def run_adamw(params, inp, dtype):
     return out
 
 
+def run_model(params, inp, dtype):
+    """The model vectors through the independent PyTorch model of bench/torch_peer.py."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        from torch_peer import Peer
+    except ImportError as e:
+        raise NotRunnable(f"bench/torch_peer.py cannot be imported ({e})")
+    cfg = params["config"]
+    if cfg["placement"] == "ngpt":
+        raise NotRunnable("bench/torch_peer.py has no nGPT")
+    weights = {k: v for k, v in inp.items() if k not in ("tokens", "targets")}
+    peer = Peer(cfg, weights, dtype)
+    tokens = torch.tensor(inp["tokens"].astype(np.int64))
+    targets = torch.tensor(inp["targets"].astype(np.int64))
+    loss = peer.loss(tokens, targets)
+    loss.backward()
+    out = {"loss": g64(loss)}
+    for name, w in peer.p.items():
+        out["grad." + name] = g64(w.grad) if w.grad is not None else np.zeros(tuple(w.shape))
+    return out
+
+
 def run(op, params, inp, dtype):
     if op in ("layernorm", "rmsnorm"):
         return run_norm(op, params, inp, dtype)
@@ -182,7 +205,9 @@ def run(op, params, inp, dtype):
         return run_adamw(params, inp, dtype)
     if op == "geonorm":
         raise NotRunnable("PyTorch has no GeoNorm")
-    raise NotRunnable("the model vectors need a model implementation (bench/torch_peer.py)")
+    if op == "model":
+        return run_model(params, inp, dtype)
+    raise NotRunnable(f"no PyTorch function for op {op}")
 
 
 def judge(test, tensors, prec, got):
