@@ -27,7 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_peer  # noqa: E402,F401  (exits 77 without PyTorch)
-from torch_peer import Peer, byte_batch, read_safetensors, step_size  # noqa: E402
+from torch_peer import Peer, byte_batch, read_safetensors  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -67,84 +67,6 @@ class TracedPeer(Peer):
         self.trace["stream.%d" % k] = stream
         self.trace["branch.%d" % k] = branch
 
-    def block(self, x, l):
-        c, L, dt = self.c, self.c["n_layer"], self.c["dt"]
-        p = c["placement"]
-        if p == "mixln":
-            p = "post" if l < L // 4 else "pre"
-        nqk = c["qk_norm"] or c["qkv_norm"]
-        nv = c["qkv_norm"]
-        A = lambda z: self.attention(z, l, nqk, nv)
-        M = lambda z: self.mlp(z, l)
-        N = lambda z, slot: self.norm(z, "h.%d.%s" % (l, slot))
-        k = 2 * l
-        if p == "pre" or (p == "hybrid_star" and l == 0):
-            fa = A(N(x, "norm_attn_in"))
-            y = x + dt * fa
-            fm = M(N(y, "norm_mlp_in"))
-            self.record(k, x, fa)
-            self.record(k + 1, y, fm)
-            return y + dt * fm
-        if p in ("peri", "sandwich"):
-            fa = N(A(N(x, "norm_attn_in")), "norm_attn_out")
-            y = x + dt * fa
-            fm = N(M(N(y, "norm_mlp_in")), "norm_mlp_out")
-            self.record(k, x, fa)
-            self.record(k + 1, y, fm)
-            return y + dt * fm
-        if p in ("post", "deepnorm"):
-            al = (2 * L) ** 0.25 if p == "deepnorm" else 1.0
-            fa = A(x)
-            y = N(al * x + dt * fa, "norm_attn_out")
-            fm = M(y)
-            self.record(k, x, fa)
-            self.record(k + 1, y, fm)
-            return N(al * y + dt * fm, "norm_mlp_out")
-        if p in ("hybrid", "hybrid_star"):
-            fa = A(x)
-            y = x + dt * fa
-            ny = N(y, "norm_mlp_in")
-            fm = M(ny)
-            self.record(k, x, fa)
-            self.record(k + 1, y, fm)
-            return ny + dt * fm
-        if p == "none":
-            fa = A(x)
-            y = x + dt * fa
-            fm = M(y)
-            self.record(k, x, fa)
-            self.record(k + 1, y, fm)
-            return y + dt * fm
-        if p == "geonorm":
-            aA = step_size(c["geo_schedule"], c["geo_alpha_attn"], l + 1, L)
-            aM = step_size(c["geo_schedule"], c["geo_alpha_mlp"], l + 1, L)
-            fa = A(N(x, "norm_attn_in"))
-            y = self.geo(x, fa, aA)
-            fm = M(N(y, "norm_mlp_in"))
-            self.record(k, x, fa)
-            self.record(k + 1, y, fm)
-            return self.geo(y, fm, aM)
-        raise ValueError("torch_export: no PyTorch model of placement " + p)
-
-    def forward(self, tokens, targets):
-        """The loss as Peer.loss computes it, keeping the logits and the last stream."""
-        c = self.c
-        B, T = tokens.shape
-        x = self.p["wte"][tokens] + self.p["wpe"][:T]
-        if c["emb_norm"]:
-            if c["placement"] == "geonorm":
-                x = math.sqrt(c["n_embd"]) * x / torch.sqrt((x * x).sum(-1, keepdim=True))
-            else:
-                x = self.norm(x, "norm_emb")
-        for l in range(c["n_layer"]):
-            x = self.block(x, l)
-        self.trace["stream.%d" % (2 * c["n_layer"])] = x
-        if c["placement"] not in ("none", "post", "deepnorm"):
-            x = self.norm(x, "norm_f")
-        logits = x @ self.p["wte"].T
-        loss = torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
-        return loss, logits
-
 
 def write_safetensors(path, tensors, metadata):
     """tensors: list of (name, numpy array); written in that order, plain (no checksums)."""
@@ -175,6 +97,7 @@ def export(model, data, B, T, out, dtype, broken):
     peer = TracedPeer(cfg, weights, tdtype, broken)
     tokens, targets = byte_batch(data, B, T)
     loss, logits = peer.forward(tokens, targets)
+    peer.trace["stream.%d" % (2 * cfg["n_layer"])] = peer.last_stream
     loss.backward()
     tensors = []
     L = cfg["n_layer"]

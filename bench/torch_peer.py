@@ -104,7 +104,10 @@ class Peer:
         sinc = torch.where(small, 1 - theta ** 2 / 6 + theta ** 4 / 120, torch.sin(safe) / safe)
         return torch.cos(theta) * x + sinc * a * v
 
-    # -- spec section 4: the placements
+    def record(self, k, stream, branch):
+        """Sublayer k's input stream and its branch output (spec section 8); kept by the exporter."""
+
+    # -- spec section 4: the placements; R(k, x, f) records sublayer k (input x, branch f) and gives f
     def block(self, x, l):
         c, L, dt = self.c, self.c["n_layer"], self.c["dt"]
         p = c["placement"]
@@ -115,35 +118,41 @@ class Peer:
         A = lambda z: self.attention(z, l, nqk, nv)
         M = lambda z: self.mlp(z, l)
         N = lambda z, slot: self.norm(z, "h.%d.%s" % (l, slot))
+        a, m = 2 * l, 2 * l + 1
+
+        def R(k, stream, f):
+            self.record(k, stream, f)
+            return f
         if p == "none":
-            y = x + dt * A(x)
-            return y + dt * M(y)
+            y = x + dt * R(a, x, A(x))
+            return y + dt * R(m, y, M(y))
         if p in ("post", "deepnorm"):
             al = (2 * L) ** 0.25 if p == "deepnorm" else 1.0
-            y = N(al * x + dt * A(x), "norm_attn_out")
-            return N(al * y + dt * M(y), "norm_mlp_out")
-        if p == "pre":
-            y = x + dt * A(N(x, "norm_attn_in"))
-            return y + dt * M(N(y, "norm_mlp_in"))
+            y = N(al * x + dt * R(a, x, A(x)), "norm_attn_out")
+            return N(al * y + dt * R(m, y, M(y)), "norm_mlp_out")
+        if p == "pre" or (p == "hybrid_star" and l == 0):
+            y = x + dt * R(a, x, A(N(x, "norm_attn_in")))
+            return y + dt * R(m, y, M(N(y, "norm_mlp_in")))
         if p in ("peri", "sandwich"):
-            y = x + dt * N(A(N(x, "norm_attn_in")), "norm_attn_out")
-            return y + dt * N(M(N(y, "norm_mlp_in")), "norm_mlp_out")
-        if p == "hybrid_star" and l == 0:
-            y = x + dt * A(N(x, "norm_attn_in"))
-            return y + dt * M(N(y, "norm_mlp_in"))
+            y = x + dt * R(a, x, N(A(N(x, "norm_attn_in")), "norm_attn_out"))
+            return y + dt * R(m, y, N(M(N(y, "norm_mlp_in")), "norm_mlp_out"))
         if p in ("hybrid", "hybrid_star"):
-            y = x + dt * A(x)
+            y = x + dt * R(a, x, A(x))
             ny = N(y, "norm_mlp_in")
-            return ny + dt * M(ny)
+            return ny + dt * R(m, y, M(ny))
         if p == "geonorm":
             k = l + 1
             aA = step_size(c["geo_schedule"], c["geo_alpha_attn"], k, L)
             aM = step_size(c["geo_schedule"], c["geo_alpha_mlp"], k, L)
-            y = self.geo(x, A(N(x, "norm_attn_in")), aA)
-            return self.geo(y, M(N(y, "norm_mlp_in")), aM)
+            y = self.geo(x, R(a, x, A(N(x, "norm_attn_in"))), aA)
+            return self.geo(y, R(m, y, M(N(y, "norm_mlp_in"))), aM)
         raise ValueError("unknown placement " + p)
 
     def loss(self, tokens, targets):
+        return self.forward(tokens, targets)[0]
+
+    def forward(self, tokens, targets):
+        """(the mean loss, the logits); the stream leaving the last block is kept in self.last_stream."""
         c = self.c
         B, T = tokens.shape
         x = self.p["wte"][tokens] + self.p["wpe"][:T]
@@ -154,10 +163,12 @@ class Peer:
                 x = self.norm(x, "norm_emb")
         for l in range(c["n_layer"]):
             x = self.block(x, l)
+        self.last_stream = x
         if c["placement"] not in ("none", "post", "deepnorm"):
             x = self.norm(x, "norm_f")
         logits = x @ self.p["wte"].T
-        return torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
+        return loss, logits
 
 
 def byte_batch(path, B, T):
