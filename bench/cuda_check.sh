@@ -82,7 +82,8 @@ tree=$out/tree
 b=$tree/build
 tests='tests/test_cuda tests/test_cuda_tool.sh tests/test_fast_cuda.sh tests/test_fast_model_cuda.sh'
 CUDA_DIR=$tree CUDA_JOBS=$(nproc 2> /dev/null || echo 4) timeout 330 "$top/build-aux/check-cuda" \
-  TESTS="$tests" > "$out/build.log" 2>&1 ||
+  TESTS="$tests" check_PROGRAMS='tests/test_cuda tests/test_fast tests/test_fast_model' \
+  > "$out/build.log" 2>&1 ||
   { tail -40 "$out/build.log"; die "the CUDA build or its tests failed (log: $out/build.log)"; }
 grep -E '^(PASS|FAIL|SKIP|ERROR|XFAIL|XPASS)' "$out/build.log" | sed 's/^/  /' | tail -60
 for t in test_cuda test_fast_cuda test_fast_model_cuda; do
