@@ -19,7 +19,8 @@ the fastest step, tokens per second of each, the warm-up time, the peak resident
 training (the high-water mark reset once the model exists, as normref's bench/bench_perf does)
 and of the whole process.  Exit status 77 when PyTorch is absent, 3 when torch.compile fails
 (the reason on stderr and in the line's note).  --matmul times the model's matrix products alone
-(torch.mm on the shapes of normref's bench_perf sgemm) and prints their rate.
+(torch.mm on the shapes of normref's bench_perf sgemm) and prints their rate.  PEER_VERBOSE=1
+in the environment prints every step's time on stderr.
 """
 import argparse
 import math
