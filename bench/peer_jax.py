@@ -28,23 +28,7 @@ import resource
 import statistics
 import sys
 import time
-
-
-def hwm_reset():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def hwm_mib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    return -1.0
+from peak_memory import hwm_mib, hwm_reset
 
 
 def main():

@@ -29,6 +29,7 @@ import resource
 import statistics
 import sys
 import time
+from peak_memory import hwm_mib, hwm_reset
 
 try:
     import torch
@@ -109,23 +110,6 @@ def adamw(model):
         except (TypeError, RuntimeError, ValueError):
             continue
     return torch.optim.AdamW(groups, **kw), "for-loop"
-
-
-def hwm_reset():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def hwm_mib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    return -1.0
 
 
 def matmul_rate(a):

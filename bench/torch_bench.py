@@ -21,6 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_peer  # noqa: E402  (exits 77 without PyTorch)
+from peak_memory import hwm_mib, hwm_reset  # noqa: E402
 
 torch = torch_peer.torch
 np = torch_peer.np
@@ -66,24 +67,6 @@ def weights(cfg, rng):
     if cfg["emb_norm"] and p != "geonorm":
         norm("norm_emb", d)
     return w
-
-
-def hwm_reset():
-    """Reset the resident set's high-water mark (Linux >= 4.0); False if refused."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def hwm_mib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    return -1.0
 
 
 def main():
