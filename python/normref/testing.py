@@ -22,6 +22,7 @@ def assert_matches_reference(fn_or_results, op=None, precision="f32", model=None
     The message names the first failing vector (its id, what it probes, the worst element
     with its value, the reference's and the tolerance) or the first failing tensor (its
     error, tolerance and ratio), then the whole table."""
+    __tracebackhide__ = True     # pytest shows the caller's line, not this function's
     if callable(fn_or_results):
         if op is None:
             raise TypeError("assert_matches_reference(fn, op=...): say which op fn computes")
