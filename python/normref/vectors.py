@@ -296,7 +296,9 @@ def _call_torch(fn, op, params, inp, test, prec):
         if spec["kind"] != "real":
             kw[name] = torch.tensor(inp[name].astype(np.int64))
             continue
-        t = torch.tensor(inp[name], dtype=torch.float64).to(dt)
+        # rounded once by _round (PyTorch 1.13 rounds float64 to bfloat16 through float32);
+        # the values are then exact in dt
+        t = torch.tensor(_round(inp[name], prec)).to(dt)
         if name in wanted and name not in UPSTREAM and op != "adamw":
             t.requires_grad_(True)
             leaves[name] = t

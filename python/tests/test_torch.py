@@ -99,3 +99,22 @@ def test_gpt2_end_to_end_without_a_file(normref):
     with pytest.raises(normref.ReferenceMismatch, match="first failing tensor stream.2:"):
         normref.assert_matches_reference(normref.hf_results(gpt, tokens, targets), model=ref,
                                          batch=(tokens, targets), precision="f32")
+
+
+def test_bf16_rounding():
+    """The inputs a function gets at bf16 are the float64 values rounded once to the nearest
+    bfloat16, ties to even: PyTorch's rounding over the whole range, subnormals, ties and
+    overflow included, except where PyTorch 1.13 rounds through float32 first."""
+    from normref.vectors import _round
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(200000) * 10.0 ** rng.uniform(-45, 39, 200000)
+    a = np.concatenate([a, [1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, -(1 + 2.0 ** -8), 1.5 * 2.0 ** -133,
+                            3.4e38, 3.39e38, -3.4e38, 1e-45, 0.0, -0.0]])
+    want = torch.tensor(a).to(torch.bfloat16).float().numpy()
+    got = _round(a, "bf16")
+    assert got.dtype == np.float32 and np.array_equal(got, want), a[got != want][:5]
+    # just above a tie in float64, on it once rounded to float32: one rounding goes up;
+    # PyTorch's two (float64 to float32 to bfloat16) go to the even neighbour below
+    x = np.array([1 + 2.0 ** -8 + 2.0 ** -40])
+    assert _round(x, "bf16")[0] == 1 + 2.0 ** -7
+    assert torch.tensor(x).to(torch.bfloat16).item() in (1.0, 1 + 2.0 ** -7)
