@@ -85,8 +85,11 @@ class Model:
         self._m = c_void_p(handle)
 
     def __del__(self):
-        if getattr(self, "_m", None) is not None and self._m.value:
-            lib.Model_free(ctypes.byref(self._m))
+        try:
+            if self._m.value:
+                lib.Model_free(ctypes.byref(self._m))
+        except (AttributeError, TypeError):   # a failed constructor, or the interpreter's exit
+            pass
 
     # -------------------------------------------------------------- making one
     @classmethod
@@ -179,8 +182,6 @@ class Model:
     def _batch(self, tokens, targets=None):
         V = self.config["vocab_size"]
         tok = integers(tokens, "tokens", high=V)
-        if tok.ndim == 1:
-            tok = tok.reshape(1, -1)
         if tok.ndim != 2:
             raise InputError(f"tokens: shape {list(tok.shape)}, expected [B, T]")
         tgt = None if targets is None else integers(targets, "targets", shape=tok.shape, high=V)

@@ -65,8 +65,8 @@ def layernorm_forward(x, gamma, beta=None, eps=EPS_DEFAULT):
 
 
 def _stats(a, name, x):
-    a = real(a, name, shape=x.shape[:-1] if x.ndim > 1 else (1,))
-    return a
+    """mean or rstd: one value per row, the shape of x without its last axis"""
+    return real(a, name, shape=x.shape[:-1])
 
 
 def _rstd(rstd, x):

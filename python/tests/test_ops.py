@@ -90,6 +90,17 @@ def test_layernorm_of_any_rank_and_float32():
     assert y.shape == x.shape and mean.shape == (2, 3) and np.array_equal(y.reshape(6, 16), y2)
 
 
+def test_a_single_row():
+    """x of one axis: mean and rstd are 0-d arrays, and the backward pass takes them back"""
+    x = np.linspace(-1, 2, 8)
+    y, mean, rstd = normref.layernorm_forward(x, np.ones(8), np.zeros(8))
+    assert y.shape == (8,) and mean.shape == () and rstd.shape == ()
+    dx, dgamma, dbeta = normref.layernorm_backward(np.ones(8), x, np.ones(8), mean, rstd)
+    assert dx.shape == (8,) and np.allclose(dbeta, 1)
+    y2, rstd2 = normref.rmsnorm_forward(x, np.ones(8))
+    assert normref.rmsnorm_backward(np.ones(8), x, np.ones(8), rstd2)[0].shape == (8,)
+
+
 def test_attention_probabilities_are_causal():
     rng = np.random.default_rng(2)
     out, cache = normref.attention_forward(rng.standard_normal((1, 4, 12)), 2)
