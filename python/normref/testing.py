@@ -4,6 +4,15 @@ from . import vectors as _vectors
 from .model import check as _check
 
 
+def _fields(row):
+    """a failing tensor's numbers, as many of the report's fields as it has (the report's
+    JSON may gain fields; none is assumed but the name)"""
+    names = (("max_abs_error", "max abs error"), ("rel_error", "relative"),
+             ("tolerance", "tolerance"), ("ratio", "ratio"))
+    parts = [f"{label} {row[k]:.3g}" for k, label in names if isinstance(row.get(k), (int, float))]
+    return ", ".join(parts) or ", ".join(f"{k} {v}" for k, v in row.items() if k != "name")
+
+
 class ReferenceMismatch(AssertionError):
     """An assertion of assert_matches_reference that failed; ``run`` or ``report`` holds the
     whole verdict."""
@@ -43,9 +52,7 @@ def assert_matches_reference(fn_or_results, op=None, precision="f32", model=None
     if not report.passed:
         name = report.first_failure
         row = report[name]
-        what = row.get("problem") or (
-            f"max abs error {row.get('max_abs_error'):.3g}, relative {row.get('rel_error'):.3g}, "
-            f"tolerance {row.get('tolerance'):.3g} (ratio {row.get('ratio'):.3g})")
+        what = row.get("problem") or _fields(row)
         err = ReferenceMismatch(f"the results do not match the reference at {precision}: first "
                                 f"failing tensor {name}: {what}\n{report!r}")
         err.report = report

@@ -86,3 +86,15 @@ def test_the_model_is_unchanged_by_a_check(model, batch):
     normref.check(model.results(*batch), model, batch, "f64")
     after = model.parameters()
     assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_the_assertion_names_the_first_failing_tensor(model, batch):
+    good = model.results(*batch)
+    assert normref.assert_matches_reference(good, model=model, batch=batch, precision="f64").passed
+    with pytest.raises(normref.ReferenceMismatch) as e:
+        normref.assert_matches_reference(perturbed(good, "grad.wte", 1.001), model=model,
+                                         batch=batch, precision="f64")
+    first = str(e.value).splitlines()[0]
+    assert first.startswith("the results do not match the reference at f64: first failing "
+                            "tensor grad.wte: max abs error")
+    assert "tolerance" in first and e.value.report.first_failure == "grad.wte"
