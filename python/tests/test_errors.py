@@ -93,3 +93,16 @@ def test_vectors_bad_arguments():
         normref.vectors.run(lambda x: x, op="gelu", precision="f8")
     with pytest.raises(InputError, match=r"^ids: no vector gelu-99"):
         normref.vectors.run(lambda x: x, op="gelu", ids="gelu-99", framework="numpy")
+
+
+def test_no_library_is_an_import_error(tmp_path):
+    """A library that cannot be loaded: ImportError naming what was tried, not a crash."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NORMREF_LIBRARY=str(tmp_path / "libnormref.so.0"))
+    r = subprocess.run([sys.executable, "-c", "import normref"], env=env, capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 1
+    assert "ImportError: normref: cannot load the C library libnormref.so.0" in r.stderr
+    assert str(tmp_path / "libnormref.so.0") in r.stderr
