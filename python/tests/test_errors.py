@@ -100,7 +100,8 @@ def test_no_library_is_an_import_error(tmp_path):
     import os
     import subprocess
     import sys
-    env = dict(os.environ, NORMREF_LIBRARY=str(tmp_path / "libnormref.so.0"))
+    env = dict(os.environ, NORMREF_LIBRARY=str(tmp_path / "libnormref.so.0"),
+               PYTHONPATH=os.path.dirname(os.path.dirname(normref.__file__)))
     r = subprocess.run([sys.executable, "-c", "import normref"], env=env, capture_output=True,
                        text=True, cwd=tmp_path)
     assert r.returncode == 1
