@@ -61,6 +61,13 @@ _sig("Precision_parse", c_int, c_char_p, POINTER(c_int))
 _sig("CheckReference_new", c_int, c_void_p, c_int_p, c_int_p, c_size_t, c_size_t, POINTER(c_void_p))
 _sig("CheckReference_free", None, POINTER(c_void_p))
 _sig("Check_compare", c_int, c_void_p, c_void_p, c_int, POINTER(c_void_p))
+_sig("CheckReport_record_inputs", None, c_void_p, c_void_p, ctypes.c_char_p, ctypes.c_char_p,
+     c_int_p, c_int_p, c_size_t, c_size_t)
+_sig("ModelFile_digest", c_int, ctypes.c_char_p, ctypes.c_char_p)
+_sig("ByteBatch_digest", None, c_int_p, c_int_p, c_size_t, c_size_t, ctypes.c_char_p)
+_sig("SafeTensors_metadata", ctypes.c_char_p, c_void_p, ctypes.c_char_p)
+_sig("CheckReference_calibrate", c_int, c_void_p, c_void_p, c_int_p, c_int_p, c_size_t, c_size_t,
+     c_int, c_size_t, ctypes.c_ulong)
 _sig("CheckReport_print", None, c_void_p, c_void_p)
 _sig("CheckReport_write_json", c_int, c_void_p, c_char_p)
 _sig("CheckReport_free", None, POINTER(c_void_p))
@@ -321,15 +328,18 @@ def _report_json(rep):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def check(results, model, batch, precision):
+def check(results, model, batch, precision, runs=16):
     """Judge another implementation's results as ``normref check`` does.
 
     results: a dict name -> array or tensor (spec section 8: loss, grad.NAME, and optionally
     stream.K, branch.K, logits; float64, float32, float16 or bfloat16, each kept in its own
     format), or the path of a safetensors file; model: a Model or a model file's path; batch:
     (tokens, targets), each [B, T] (byte_batch() reads the command's --data); precision: the
-    claim, 'f64', 'f32', 'bf16' or 'f16'.  Returns a Report."""
+    claim, 'f64', 'f32', 'bf16' or 'f16'; runs: the runs of the emulation of that precision
+    that calibrate the tolerances, as the command's --runs (16).  Returns a Report."""
+    model_path = None
     if not isinstance(model, Model):
+        model_path = model
         model = Model.load(model)
     if isinstance(batch, dict):
         batch = (batch.get("tokens"), batch.get("targets"))
@@ -351,8 +361,31 @@ def check(results, model, batch, precision):
                                                            "batch": f"[{B},{T}]"}),
                          "results") as f:
                 call(lib.SafeTensors_read, f.path.encode(), ctypes.byref(res))
+        # the inputs the results were computed from, where they say so: another model file or
+        # another batch is named, as the command names it (exit 2 there)
+        name = os.fspath(model_path) if model_path is not None else "the model"
+        if isinstance(name, bytes):
+            name = name.decode(errors="replace")
+        digests = [None, ctypes.create_string_buffer(17)]
+        if model_path is not None:
+            digests[0] = ctypes.create_string_buffer(17)
+            call(lib.ModelFile_digest, _path(model_path, "model"), digests[0])
+        lib.ByteBatch_digest(iptr(tok), iptr(tgt), B, T, digests[1])
+        for key, mine, what in (("model_fnv1a64", digests[0], "another model file"),
+                                ("batch_fnv1a64", digests[1], "another batch")):
+            got = lib.SafeTensors_metadata(res, key.encode())
+            if got is not None and mine is not None and got != mine.value:
+                raise InputError(f"results: computed from {what}: their {key} is "
+                                 f"{got.decode()}, this one's is {mine.value.decode()}")
+        digests[0] = digests[0].value if digests[0] is not None else None
+        if not isinstance(runs, int) or isinstance(runs, bool) or not 1 <= runs <= 1024:
+            raise InputError(f"runs: {runs!r} is not a whole number in 1..1024")
         call(lib.CheckReference_new, model._m, iptr(tok), iptr(tgt), B, T, ctypes.byref(ref))
+        call(lib.CheckReference_calibrate, ref, model._m, iptr(tok), iptr(tgt), B, T, p.value,
+             runs, 1)
         call(lib.Check_compare, ref, res, p.value, ctypes.byref(rep))
+        lib.CheckReport_record_inputs(rep, model._m, name.encode(), digests[0], iptr(tok),
+                                      iptr(tgt), B, T)
         return Report(_report_text(rep), _report_json(rep))
     finally:
         if rep.value:

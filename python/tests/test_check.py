@@ -26,8 +26,8 @@ def cli(tool, tmp_path, model, results, precision):
 
 
 def same_as_cli(tool, tmp_path, model, batch, results, precision):
-    rep = normref.check(results, model, batch, precision)
     status, stdout, js = cli(tool, tmp_path, model, results, precision)
+    rep = normref.check(results, str(tmp_path / "model.st"), batch, precision)
     assert rep.passed == (status == 0)
     assert rep.first_failure == js["summary"]["first_failure"]
     assert rep.json == js
