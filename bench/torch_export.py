@@ -8,10 +8,16 @@ spec section 8 says (`loss`, `logits`, `grad.NAME`, `stream.{k}`, `branch.{k}`),
 precision it claims in `__metadata__.precision`.  The implementation is bench/torch_peer.py's
 model, written from the specification in PyTorch autograd.
 
-    /usr/bin/python3 bench/torch_export.py MODEL DATA B T OUT [--dtype f64|f32] [--break NAME]
+    /usr/bin/python3 bench/torch_export.py MODEL DATA B T OUT [--dtype f64|f32|bf16] [--break NAME]
     /usr/bin/python3 bench/torch_export.py export-list FILE
 
 export-list reads one "MODEL DATA B T OUT [options]" line per export.
+
+--dtype bf16 is the convention `bf16` of `normref check`: the model converted to bfloat16
+(every parameter, activation and gradient stored in it, as model.to(torch.bfloat16) does) and
+the loss computed in float32 from the bfloat16 logits; its tensors are written as F32.  The
+metadata records model_fnv1a64 and batch_fnv1a64, the digests `normref grad` writes (FNV-1a 64
+of the model file's bytes, and of the tokens then the targets as little-endian int32).
 
 --break plants one deliberate mistake, so that the report that catches it can be read:
   ln-eps-outside   LayerNorm divides by sqrt(var) + eps instead of sqrt(var + eps)
@@ -90,29 +96,51 @@ def write_safetensors(path, tensors, metadata):
     os.replace(tmp, path)
 
 
+def host(t):
+    """a tensor as a numpy array; bfloat16, which numpy lacks, widened exactly to float32"""
+    t = t.detach()
+    return t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def fnv1a64(chunks):
+    h = 0xcbf29ce484222325
+    for chunk in chunks:
+        for byte in chunk:
+            h = ((h ^ byte) * 0x100000001b3) & 0xffffffffffffffff
+    return "%016x" % h
+
+
 def export(model, data, B, T, out, dtype, broken):
     meta, weights = read_safetensors(model)
     cfg = json.loads(meta["config"])
-    tdtype, ndtype = {"f64": (torch.float64, np.float64), "f32": (torch.float32, np.float32)}[dtype]
+    tdtype, ndtype = {"f64": (torch.float64, np.float64), "f32": (torch.float32, np.float32),
+                      "bf16": (torch.bfloat16, np.float32)}[dtype]
     peer = TracedPeer(cfg, weights, tdtype, broken)
     tokens, targets = byte_batch(data, B, T)
     loss, logits = peer.forward(tokens, targets)
+    if dtype == "bf16":                 # the loss in float32 from the bfloat16 logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(B * T, -1),
+                                                 targets.reshape(-1))
     peer.trace["stream.%d" % (2 * cfg["n_layer"])] = peer.last_stream
     loss.backward()
+    with open(model, "rb") as f:
+        digests = {"model_fnv1a64": fnv1a64([f.read()]),
+                   "batch_fnv1a64": fnv1a64([np.asarray(x, dtype="<i4").tobytes()
+                                             for x in (tokens, targets)])}
     tensors = []
     L = cfg["n_layer"]
     for k in range(2 * L + 1):
-        tensors.append(("stream.%d" % k, peer.trace["stream.%d" % k].detach().numpy()))
+        tensors.append(("stream.%d" % k, host(peer.trace["stream.%d" % k])))
         if k < 2 * L:
-            tensors.append(("branch.%d" % k, peer.trace["branch.%d" % k].detach().numpy()))
-    tensors.append(("logits", logits.detach().numpy()))
+            tensors.append(("branch.%d" % k, host(peer.trace["branch.%d" % k])))
+    tensors.append(("logits", host(logits)))
     tensors.append(("loss", np.array(loss.item(), dtype=ndtype)))
     for name, t in peer.p.items():
-        g = t.grad.numpy() if t.grad is not None else np.zeros(tuple(t.shape), dtype=ndtype)
+        g = host(t.grad) if t.grad is not None else np.zeros(tuple(t.shape), dtype=ndtype)
         tensors.append(("grad." + name, g))
     write_safetensors(out, [(n, np.asarray(a, dtype=ndtype)) for n, a in tensors],
-                      {"precision": dtype, "producer": "bench/torch_export.py" +
-                       (" --break " + broken if broken else "")})
+                      dict(digests, precision=dtype, producer="bench/torch_export.py" +
+                           (" --break " + broken if broken else "")))
     print("torch_export: %s %s, loss %.17g, %d tensors -> %s" %
           (cfg["placement"], cfg["norm"], loss.item(), len(tensors), out))
     return 0
@@ -129,7 +157,7 @@ def main(args):
         return status
     dtype, broken = "f64", None
     while len(args) > 5:
-        if args[-2] == "--dtype" and args[-1] in ("f64", "f32"):
+        if args[-2] == "--dtype" and args[-1] in ("f64", "f32", "bf16"):
             dtype = args[-1]
         elif args[-2] == "--break" and args[-1] in BREAKS:
             broken = args[-1]
