@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""Results of a PyTorch implementation at float32 and bfloat16, correct or with a planted bug.
+
+The suite of `normref check`'s verdicts (chapter planted): the model of the specification
+in PyTorch autograd (bench/torch_peer.py's, a Pre-LN GPT as nanoGPT writes it), computed as
+users compute it, and eleven mistakes that a kernel or a framework can make.  Each export
+writes loss, logits, every grad.NAME and every trace stream.{k}, branch.{k}
+(interchange specification, section "Results"), as float32, with
+__metadata__.precision the precision claimed.
+
+    /usr/bin/python3 bench/planted_bugs.py export-list FILE
+
+FILE holds one export a line:  MODEL DATA B T OUT IMPL [BUG]
+
+IMPL is how the model is computed:
+  f32        weights, activations and loss in float32
+  bf16       the model in torch.bfloat16 (weights rounded to bfloat16, every activation
+             bfloat16), the loss in float32 from the logits cast to float
+  autocast   float32 weights, the forward pass under torch.autocast('cpu', torch.bfloat16)
+             (its products in bfloat16), the loss in float32
+  hf-f32, hf-bf16
+             Hugging Face's GPT2LMHeadModel loaded from MODEL, a folder written by
+             `normref convert --to hf` (model.safetensors, config.json), in float32 or
+             torch.bfloat16; the results keep Hugging Face's names (grad.transformer.h.0.
+             attn.c_attn.weight, ..., hidden_states.{i}), for `normref convert --from hf
+             --to normref --results`
+
+BUG, for f32, bf16 and autocast only, is one of
+  zero-grads       every gradient is zero
+  grad-x2          grad.h.0.mlp.w_up is twice the true one
+  grad-x1.01       grad.h.0.mlp.w_up is 1.01 times the true one
+  eps-outside      every LayerNorm divides by sqrt(var) + eps, not sqrt(var + eps)
+  unbiased-var     every LayerNorm uses the unbiased variance (divides by n - 1)
+  gelu-erf         the MLP uses the erf GELU, not the tanh approximation
+  no-causal-mask   the attention sees the future
+  scale-1/dk       the attention's scores are scaled by 1/d_k, not 1/sqrt(d_k)
+  no-final-bias    the final LayerNorm adds no bias
+  wpe-shift        position t gets the embedding of position t + 1
+  loss+0.01        the loss is 0.01 too large (the gradients are right)
+
+One process writes every file (PyTorch starts slowly).  Exit 0 when every file is written,
+1 when one could not be, 2 on a usage error, 77 when PyTorch is not installed.
+"""
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_peer  # noqa: E402,F401  (exits 77 without PyTorch)
+from torch_peer import Peer, byte_batch, read_safetensors  # noqa: E402
+from torch_export import write_safetensors  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+BUGS = ("zero-grads", "grad-x2", "grad-x1.01", "eps-outside", "unbiased-var", "gelu-erf",
+        "no-causal-mask", "scale-1/dk", "no-final-bias", "wpe-shift", "loss+0.01")
+IMPLS = ("f32", "bf16", "autocast", "hf-f32", "hf-bf16")
+# The tensor that grad-x2 and grad-x1.01 scale: the largest weight matrix of block 0 (d x 4d
+# elements), the product of the MLP's backward pass that a matrix kernel computes.
+SCALED = "h.0.mlp.w_up"
+
+
+class Planted(Peer):
+    """The peer with a bug, in a storage type, recording every sublayer's stream and branch."""
+
+    def __init__(self, cfg, weights, dtype, bug):
+        super().__init__(cfg, weights, dtype)
+        self.bug = bug
+        self.trace = {}
+
+    def record(self, k, stream, branch):
+        self.trace["stream.%d" % k] = stream
+        self.trace["branch.%d" % k] = branch
+
+    def norm(self, x, slot):
+        if self.bug not in ("eps-outside", "unbiased-var", "no-final-bias"):
+            return super().norm(x, slot)
+        eps, n = self.c["eps"], x.shape[-1]
+        mu = x.mean(-1, keepdim=True)
+        ss = ((x - mu) ** 2).sum(-1, keepdim=True)
+        var = ss / (n - 1) if self.bug == "unbiased-var" else ss / n
+        den = torch.sqrt(var) + eps if self.bug == "eps-outside" else torch.sqrt(var + eps)
+        y = (x - mu) / den * self.p[slot + ".weight"]
+        if self.bug == "no-final-bias" and slot == "norm_f":
+            return y
+        return y + self.p[slot + ".bias"]
+
+    def attention(self, x, l, norm_qk, norm_v):
+        if self.bug not in ("no-causal-mask", "scale-1/dk"):
+            return super().attention(x, l, norm_qk, norm_v)
+        B, T, d = x.shape
+        h = self.c["n_head"]
+        dk = d // h
+        pre = "h.%d.attn." % l
+        qkv = x @ self.p[pre + "w_qkv"].T + self.p[pre + "b_qkv"]
+        q, k, v = [t.reshape(B, T, h, dk).transpose(1, 2) for t in qkv.split(d, dim=-1)]
+        att = q @ k.transpose(-1, -2) / (dk if self.bug == "scale-1/dk" else math.sqrt(dk))
+        if self.bug != "no-causal-mask":
+            mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+            att = att.masked_fill(mask, float("-inf"))
+        att = torch.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, d)
+        return y @ self.p[pre + "w_o"].T + self.p[pre + "b_o"]
+
+    def mlp(self, x, l):
+        if self.bug != "gelu-erf":
+            return super().mlp(x, l)
+        pre = "h.%d.mlp." % l
+        a = x @ self.p[pre + "w_up"].T + self.p[pre + "b_up"]
+        g = 0.5 * a * (1 + torch.erf(a / math.sqrt(2)))
+        return g @ self.p[pre + "w_down"].T + self.p[pre + "b_down"]
+
+    def logits(self, tokens):
+        """The logits of the Pre-LN model (the only placement of the suite)."""
+        T = tokens.shape[1]
+        wpe = self.p["wpe"][1:T + 1] if self.bug == "wpe-shift" else self.p["wpe"][:T]
+        x = self.p["wte"][tokens] + wpe
+        for l in range(self.c["n_layer"]):
+            x = self.block(x, l)
+        self.trace["stream.%d" % (2 * self.c["n_layer"])] = x
+        return self.norm(x, "norm_f") @ self.p["wte"].T
+
+
+def export_peer(model, data, B, T, out, impl, bug):
+    meta, weights = read_safetensors(model)
+    cfg = json.loads(meta["config"])
+    if cfg["placement"] != "pre" or cfg["norm"] != "layernorm" or cfg["emb_norm"]:
+        raise ValueError("%s: the suite's implementation is the Pre-LN LayerNorm GPT" % model)
+    if bug == "wpe-shift" and T + 1 > cfg["block_size"]:
+        raise ValueError("wpe-shift needs T + 1 <= block_size")
+    peer = Planted(cfg, weights, torch.bfloat16 if impl == "bf16" else torch.float32, bug)
+    tokens, targets = byte_batch(data, B, T)
+    if impl == "autocast":
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            logits = peer.logits(tokens)
+    else:
+        logits = peer.logits(tokens)
+    # the loss in float32 from the logits cast to float, as users write it at bfloat16
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(B * T, -1), targets.reshape(-1))
+    loss.backward()
+    if bug == "loss+0.01":
+        loss = loss + 0.01
+    f32 = lambda t: t.detach().float().numpy()
+    L = cfg["n_layer"]
+    tensors = []
+    for k in range(2 * L + 1):
+        tensors.append(("stream.%d" % k, f32(peer.trace["stream.%d" % k])))
+        if k < 2 * L:
+            tensors.append(("branch.%d" % k, f32(peer.trace["branch.%d" % k])))
+    tensors.append(("logits", f32(logits)))
+    tensors.append(("loss", np.array(loss.item(), dtype=np.float32)))
+    for name, t in peer.p.items():
+        g = f32(t.grad) if t.grad is not None else np.zeros(tuple(t.shape), np.float32)
+        if bug == "zero-grads":
+            g = np.zeros_like(g)
+        elif bug in ("grad-x2", "grad-x1.01") and name == SCALED:
+            g = g * np.float32(2.0 if bug == "grad-x2" else 1.01)
+        tensors.append(("grad." + name, g))
+    return tensors, loss.item()
+
+
+def export_hf(folder, data, B, T, impl):
+    from transformers import GPT2LMHeadModel   # only the hf lines need it
+    dtype = torch.bfloat16 if impl == "hf-bf16" else torch.float32
+    model = GPT2LMHeadModel.from_pretrained(folder, torch_dtype=dtype)
+    model.eval()    # no dropout (the conversion writes zero dropout rates anyway)
+    tokens, targets = byte_batch(os.path.join(data), B, T)
+    outputs = model(tokens, output_hidden_states=True)
+    logits = outputs.logits
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(B * T, -1), targets.reshape(-1))
+    loss.backward()
+    f32 = lambda t: t.detach().float().numpy()
+    tensors = [("hidden_states.%d" % i, f32(h)) for i, h in enumerate(outputs.hidden_states)]
+    tensors.append(("logits", f32(logits)))
+    tensors.append(("loss", np.array(loss.item(), dtype=np.float32)))
+    for name, p in model.named_parameters():
+        tensors.append(("grad." + name, f32(p.grad)))
+    return tensors, loss.item()
+
+
+def export(model, data, B, T, out, impl, bug):
+    if impl.startswith("hf-"):
+        tensors, loss = export_hf(model, data, B, T, impl)
+    else:
+        tensors, loss = export_peer(model, data, B, T, out, impl, bug)
+    write_safetensors(out, tensors, {
+        "precision": "f32" if impl in ("f32", "hf-f32") else "bf16",
+        "producer": "bench/planted_bugs.py %s%s" % (impl, " " + bug if bug else "")})
+    print("planted_bugs: %s %s, loss %.9g -> %s" % (impl, bug or "correct", loss, out))
+
+
+def main(args):
+    if len(args) != 2 or args[0] != "export-list":
+        print(__doc__, file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    status = 0
+    for line in open(args[1]):
+        w = line.split()
+        if not w:
+            continue
+        if len(w) not in (6, 7) or w[5] not in IMPLS or (len(w) == 7 and (
+                w[6] not in BUGS or w[5].startswith("hf-"))):
+            print("planted_bugs: bad line: %s" % line.strip(), file=sys.stderr)
+            return 2
+        try:
+            export(w[0], w[1], int(w[2]), int(w[3]), w[4], w[5], w[6] if len(w) == 7 else None)
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            print("planted_bugs: %s: %s" % (w[4], e), file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
