@@ -87,22 +87,15 @@ class Planted(Peer):
             return y
         return y + self.p[slot + ".bias"]
 
-    def attention(self, x, l, norm_qk, norm_v):
+    def scores(self, q, k):
         if self.bug not in ("no-causal-mask", "scale-1/dk"):
-            return super().attention(x, l, norm_qk, norm_v)
-        B, T, d = x.shape
-        h = self.c["n_head"]
-        dk = d // h
-        pre = "h.%d.attn." % l
-        qkv = x @ self.p[pre + "w_qkv"].T + self.p[pre + "b_qkv"]
-        q, k, v = [t.reshape(B, T, h, dk).transpose(1, 2) for t in qkv.split(d, dim=-1)]
+            return super().scores(q, k)
+        T, dk = q.shape[-2], q.shape[-1]
         att = q @ k.transpose(-1, -2) / (dk if self.bug == "scale-1/dk" else math.sqrt(dk))
         if self.bug != "no-causal-mask":
             mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
             att = att.masked_fill(mask, float("-inf"))
-        att = torch.softmax(att, dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, d)
-        return y @ self.p[pre + "w_o"].T + self.p[pre + "b_o"]
+        return att
 
     def mlp(self, x, l):
         if self.bug != "gelu-erf":

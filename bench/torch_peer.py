@@ -80,11 +80,16 @@ class Peer:
             k = self.norm(k, "h.%d.norm_k" % l)
         if norm_v:
             v = self.norm(v, "h.%d.norm_v" % l)
-        att = q @ k.transpose(-1, -2) / math.sqrt(dk)
-        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-        att = torch.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
+        att = torch.softmax(self.scores(q, k), dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, d)
         return y @ self.p[pre + "w_o"].T + self.p[pre + "b_o"]
+
+    def scores(self, q, k):
+        """The attention's scores of q and k [B, h, T, d_k]: q k^T / sqrt(d_k), causally masked."""
+        T, dk = q.shape[-2], q.shape[-1]
+        att = q @ k.transpose(-1, -2) / math.sqrt(dk)
+        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        return att.masked_fill(mask, float("-inf"))
 
     def mlp(self, x, l):
         pre = "h.%d.mlp." % l

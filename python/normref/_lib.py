@@ -127,6 +127,16 @@ def to_numpy(x, name):
                      "tensor of PyTorch or JAX, or anything with __array__ or __dlpack__)")
 
 
+def _shape(a, name, shape):
+    """Refuse an array a of another shape than shape (None: any length on that axis), or empty."""
+    if shape is not None:
+        if a.ndim != len(shape) or any(w is not None and w != s for w, s in zip(shape, a.shape)):
+            want = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
+            raise InputError(f"{name}: shape {list(a.shape)}, expected {want}")
+    if a.size == 0:
+        raise InputError(f"{name}: the array is empty (shape {list(a.shape)})")
+
+
 def real(x, name, shape=None, ndim=None, finite=True):
     """x as a C-contiguous float64 array for the reference, checked: a real floating type
     (float16, bfloat16, float32 and float64 are widened exactly), the shape (a tuple in which
@@ -141,12 +151,7 @@ def real(x, name, shape=None, ndim=None, finite=True):
                          f"{a.shape}); pass np.ascontiguousarray({name}) or {name}.contiguous()")
     if ndim is not None and a.ndim != ndim:
         raise InputError(f"{name}: {a.ndim} axes (shape {list(a.shape)}), expected {ndim}")
-    if shape is not None:
-        if a.ndim != len(shape) or any(w is not None and w != s for w, s in zip(shape, a.shape)):
-            want = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
-            raise InputError(f"{name}: shape {list(a.shape)}, expected {want}")
-    if a.size == 0:
-        raise InputError(f"{name}: the array is empty (shape {list(a.shape)})")
+    _shape(a, name, shape)
     a = np.ascontiguousarray(a, dtype=np.float64)
     if finite and not np.all(np.isfinite(a)):
         i = int(np.argmin(np.isfinite(a).ravel()))
@@ -163,12 +168,7 @@ def integers(x, name, shape=None, low=0, high=None):
     if not a.flags.c_contiguous and a.ndim > 0:
         raise InputError(f"{name}: the array is not contiguous (strides {a.strides}); pass "
                          f"np.ascontiguousarray({name})")
-    if shape is not None:
-        if a.ndim != len(shape) or any(w is not None and w != s for w, s in zip(shape, a.shape)):
-            want = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
-            raise InputError(f"{name}: shape {list(a.shape)}, expected {want}")
-    if a.size == 0:
-        raise InputError(f"{name}: the array is empty (shape {list(a.shape)})")
+    _shape(a, name, shape)
     bad = (a < low) | ((a >= high) if high is not None else False)
     if np.any(bad):
         i = int(np.argmax(bad.ravel()))
