@@ -97,13 +97,10 @@ class Planted(Peer):
             att = att.masked_fill(mask, float("-inf"))
         return att
 
-    def mlp(self, x, l):
+    def gelu(self, a):
         if self.bug != "gelu-erf":
-            return super().mlp(x, l)
-        pre = "h.%d.mlp." % l
-        a = x @ self.p[pre + "w_up"].T + self.p[pre + "b_up"]
-        g = 0.5 * a * (1 + torch.erf(a / math.sqrt(2)))
-        return g @ self.p[pre + "w_down"].T + self.p[pre + "b_down"]
+            return super().gelu(a)
+        return 0.5 * a * (1 + torch.erf(a / math.sqrt(2)))
 
     def logits(self, tokens):
         """The logits of the Pre-LN model (the only placement of the suite)."""

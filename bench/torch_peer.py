@@ -94,8 +94,12 @@ class Peer:
     def mlp(self, x, l):
         pre = "h.%d.mlp." % l
         a = x @ self.p[pre + "w_up"].T + self.p[pre + "b_up"]
-        g = 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)))
-        return g @ self.p[pre + "w_down"].T + self.p[pre + "b_down"]
+        return self.gelu(a) @ self.p[pre + "w_down"].T + self.p[pre + "b_down"]
+
+    @staticmethod
+    def gelu(a):
+        """GELU, the tanh approximation of GPT-2 (spec section 3)."""
+        return 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)))
 
     # -- spec section 5: the geodesic step
     @staticmethod
