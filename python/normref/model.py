@@ -66,6 +66,7 @@ _sig("CheckReport_record_inputs", None, c_void_p, c_void_p, ctypes.c_char_p, cty
 _sig("ModelFile_digest", c_int, ctypes.c_char_p, ctypes.c_char_p)
 _sig("ByteBatch_digest", None, c_int_p, c_int_p, c_size_t, c_size_t, ctypes.c_char_p)
 _sig("SafeTensors_metadata", ctypes.c_char_p, c_void_p, ctypes.c_char_p)
+_sig("Check_default_runs", c_size_t, c_int)
 _sig("CheckReference_calibrate", c_int, c_void_p, c_void_p, c_int_p, c_int_p, c_size_t, c_size_t,
      c_int, c_size_t, ctypes.c_ulong)
 _sig("CheckReport_print", None, c_void_p, c_void_p)
@@ -328,7 +329,7 @@ def _report_json(rep):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def check(results, model, batch, precision, runs=16):
+def check(results, model, batch, precision, runs=None):
     """Judge another implementation's results as ``normref check`` does.
 
     results: a dict name -> array or tensor (spec section 8: loss, grad.NAME, and optionally
@@ -336,7 +337,8 @@ def check(results, model, batch, precision, runs=16):
     format), or the path of a safetensors file; model: a Model or a model file's path; batch:
     (tokens, targets), each [B, T] (byte_batch() reads the command's --data); precision: the
     claim, 'f64', 'f32', 'bf16' or 'f16'; runs: the runs of the emulation of that precision
-    that calibrate the tolerances, as the command's --runs (16).  Returns a Report."""
+    that calibrate the tolerances, as the command's --runs (None: the command's default, 16 at
+    f32, 64 at bf16 and f16).  Returns a Report."""
     model_path = None
     if not isinstance(model, Model):
         model_path = model
@@ -378,6 +380,8 @@ def check(results, model, batch, precision, runs=16):
                 raise InputError(f"results: computed from {what}: their {key} is "
                                  f"{got.decode()}, this one's is {mine.value.decode()}")
         digests[0] = digests[0].value if digests[0] is not None else None
+        if runs is None:
+            runs = max(1, lib.Check_default_runs(p.value))
         if not isinstance(runs, int) or isinstance(runs, bool) or not 1 <= runs <= 1024:
             raise InputError(f"runs: {runs!r} is not a whole number in 1..1024")
         call(lib.CheckReference_new, model._m, iptr(tok), iptr(tgt), B, T, ctypes.byref(ref))

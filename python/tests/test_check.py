@@ -98,3 +98,10 @@ def test_the_assertion_names_the_first_failing_tensor(model, batch):
     assert first.startswith("the results do not match the reference at f64: first failing "
                             "tensor grad.wte: max abs error")
     assert "tolerance" in first and e.value.report.first_failure == "grad.wte"
+
+
+@pytest.mark.parametrize("precision,runs", [("f32", 16), ("bf16", 64), ("f16", 64)])
+def test_the_runs_by_default_are_the_commands(tool, tmp_path, model, batch, precision, runs):
+    res = {k: np.asarray(v, dtype=np.float32) for k, v in model.results(*batch).items()}
+    rep = same_as_cli(tool, tmp_path, model, batch, res, precision)
+    assert rep.json["calibration_runs"] == runs
