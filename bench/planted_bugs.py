@@ -91,7 +91,7 @@ class Planted(Peer):
         if self.bug not in ("no-causal-mask", "scale-1/dk"):
             return super().scores(q, k)
         T, dk = q.shape[-2], q.shape[-1]
-        att = q @ k.transpose(-1, -2) / (dk if self.bug == "scale-1/dk" else math.sqrt(dk))
+        att = self.mm(q, k.transpose(-1, -2)) / (dk if self.bug == "scale-1/dk" else math.sqrt(dk))
         if self.bug != "no-causal-mask":
             mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
             att = att.masked_fill(mask, float("-inf"))
@@ -110,7 +110,7 @@ class Planted(Peer):
         for l in range(self.c["n_layer"]):
             x = self.block(x, l)
         self.trace["stream.%d" % (2 * self.c["n_layer"])] = x
-        return self.norm(x, "norm_f") @ self.p["wte"].T
+        return self.mm(self.norm(x, "norm_f"), self.p["wte"].T)
 
 
 def export_peer(model, data, B, T, out, impl, bug):
