@@ -18,6 +18,8 @@ IMPL is how the model is computed:
              bfloat16), the loss in float32 from the logits cast to float
   autocast   float32 weights, the forward pass under torch.autocast('cpu', torch.bfloat16)
              (its products in bfloat16), the loss in float32
+  bf16-fused as bf16, with the GELU computed in float32 from the bfloat16 input and rounded
+             once to bfloat16, forward and backward, as a fused kernel computes it
   hf-f32, hf-bf16
              Hugging Face's GPT2LMHeadModel loaded from MODEL, a folder written by
              `normref convert --to hf` (model.safetensors, config.json), in float32 or
@@ -25,7 +27,7 @@ IMPL is how the model is computed:
              attn.c_attn.weight, ..., hidden_states.{i}), for `normref convert --from hf
              --to normref --results`
 
-BUG, for f32, bf16 and autocast only, is one of
+BUG, for f32, bf16, autocast and bf16-fused only, is one of
   zero-grads       every gradient is zero
   grad-x2          grad.h.0.mlp.w_up is twice the true one
   grad-x1.01       grad.h.0.mlp.w_up is 1.01 times the true one
@@ -56,7 +58,7 @@ import torch  # noqa: E402
 
 BUGS = ("zero-grads", "grad-x2", "grad-x1.01", "eps-outside", "unbiased-var", "gelu-erf",
         "no-causal-mask", "scale-1/dk", "no-final-bias", "wpe-shift", "loss+0.01")
-IMPLS = ("f32", "bf16", "autocast", "hf-f32", "hf-bf16")
+IMPLS = ("f32", "bf16", "autocast", "bf16-fused", "hf-f32", "hf-bf16")
 # The tensor that grad-x2 and grad-x1.01 scale: the largest weight matrix of block 0 (d x 4d
 # elements), the product of the MLP's backward pass that a matrix kernel computes.
 SCALED = "h.0.mlp.w_up"
@@ -68,6 +70,7 @@ class Planted(Peer):
     def __init__(self, cfg, weights, dtype, bug):
         super().__init__(cfg, weights, dtype)
         self.bug = bug
+        self.fused = False
         self.trace = {}
 
     def record(self, k, stream, branch):
@@ -98,6 +101,11 @@ class Planted(Peer):
         return att
 
     def gelu(self, a):
+        if self.fused:      # in float32 from the stored input, one rounding of the output
+            return self.gelu_any(a.float()).to(a.dtype)
+        return self.gelu_any(a)
+
+    def gelu_any(self, a):
         if self.bug != "gelu-erf":
             return super().gelu(a)
         return 0.5 * a * (1 + torch.erf(a / math.sqrt(2)))
@@ -120,7 +128,9 @@ def export_peer(model, data, B, T, out, impl, bug):
         raise ValueError("%s: the suite's implementation is the Pre-LN LayerNorm GPT" % model)
     if bug == "wpe-shift" and T + 1 > cfg["block_size"]:
         raise ValueError("wpe-shift needs T + 1 <= block_size")
-    peer = Planted(cfg, weights, torch.bfloat16 if impl == "bf16" else torch.float32, bug)
+    peer = Planted(cfg, weights, torch.bfloat16 if impl in ("bf16", "bf16-fused") else torch.float32,
+                   bug)
+    peer.fused = impl == "bf16-fused"
     tokens, targets = byte_batch(data, B, T)
     if impl == "autocast":
         with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
