@@ -273,16 +273,20 @@ def byte_batch(data, batch, seq, vocab_size=256):
 
 class Report:
     """The verdict of check(): ``passed``, ``first_failure`` (the first failing tensor in
-    forward order, or None), ``table`` (a dict per tensor, the fields of ``normref check
-    --json``), ``summary``, ``json`` (the whole report), ``text`` (the table the command
-    prints, which repr shows)."""
+    forward order, else the first identity of the gradient that fails, or None), ``table``
+    (a dict per tensor, the fields of ``normref check --json``), ``identities`` (a dict per
+    identity of the gradient judged: name, verdict, skew, tolerance, ratio), ``summary``,
+    ``json`` (the whole report), ``text`` (the table the command prints, which repr
+    shows)."""
 
     def __init__(self, text, report):
         self.text, self.json = text, report
         self.summary = report["summary"]
         self.table = report["tensors"]
+        self.identities = report.get("identities", [])
         self.precision = report["precision"]
-        self.first_failure = self.summary.get("first_failure")
+        self.first_failure = (self.summary.get("first_failure")
+                              or self.summary.get("first_identity_failure"))
         self.passed = self.summary.get("verdict") == "pass"
 
     def __getitem__(self, name):
