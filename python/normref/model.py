@@ -290,7 +290,8 @@ class Report:
         self.passed = self.summary.get("verdict") == "pass"
 
     def __getitem__(self, name):
-        for row in self.table:
+        """the row of a tensor, or of an identity of the gradient, by its name"""
+        for row in self.table + self.identities:
             if row["name"] == name:
                 return row
         raise KeyError(name)

@@ -7,7 +7,7 @@ from .model import check as _check
 def _fields(row):
     """a failing tensor's numbers, as many of the report's fields as it has (the report's
     JSON may gain fields; none is assumed but the name)"""
-    names = (("max_abs_error", "max abs error"), ("rel_error", "relative"),
+    names = (("max_abs_error", "max abs error"), ("rel_error", "relative"), ("skew", "skew"),
              ("tolerance", "tolerance"), ("ratio", "ratio"))
     parts = [f"{label} {row[k]:.3g}" for k, label in names if isinstance(row.get(k), (int, float))]
     return ", ".join(parts) or ", ".join(f"{k} {v}" for k, v in row.items() if k != "name")
@@ -53,8 +53,9 @@ def assert_matches_reference(fn_or_results, op=None, precision="f32", model=None
         name = report.first_failure
         row = report[name]
         what = row.get("problem") or _fields(row)
+        kind = "identity of the gradient" if "skew" in row else "tensor"
         err = ReferenceMismatch(f"the results do not match the reference at {precision}: first "
-                                f"failing tensor {name}: {what}\n{report!r}")
+                                f"failing {kind} {name}: {what}\n{report!r}")
         err.report = report
         raise err
     return report

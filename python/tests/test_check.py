@@ -29,7 +29,8 @@ def same_as_cli(tool, tmp_path, model, batch, results, precision):
     status, stdout, js = cli(tool, tmp_path, model, results, precision)
     rep = normref.check(results, str(tmp_path / "model.st"), batch, precision)
     assert rep.passed == (status == 0)
-    assert rep.first_failure == js["summary"]["first_failure"]
+    assert rep.first_failure == (js["summary"]["first_failure"]
+                                 or js["summary"]["first_identity_failure"])
     assert rep.json == js
     # the table the command prints after its first line, character for character
     assert stdout.split("\n", 1)[1] == rep.text
@@ -105,3 +106,27 @@ def test_the_runs_by_default_are_the_commands(tool, tmp_path, model, batch, prec
     res = {k: np.asarray(v, dtype=np.float32) for k, v in model.results(*batch).items()}
     rep = same_as_cli(tool, tmp_path, model, batch, res, precision)
     assert rep.json["calibration_runs"] == runs
+
+
+def test_the_identities_of_the_gradient(tool, tmp_path, model, batch):
+    res = {k: np.asarray(v, dtype=np.float32) for k, v in model.results(*batch).items()}
+    rep = same_as_cli(tool, tmp_path, model, batch, res, "f32")
+    assert [row["name"] for row in rep.identities][:4] == [
+        "identity.h.0.attn_in", "identity.h.0.mlp_in", "identity.h.0.qk", "identity.h.0.vo"]
+    row = rep["identity.h.0.mlp_in"]
+    assert row["verdict"] == "pass" and abs(row["skew"]) <= row["tolerance"]
+    rep = same_as_cli(tool, tmp_path, model, batch, perturbed(res, "grad.h.0.mlp.w_up", 1.01),
+                      "f32")
+    assert rep["identity.h.0.mlp_in"]["verdict"] == "fail" and not rep.passed
+    assert abs(rep["identity.h.0.mlp_in"]["skew"] - 0.01) < 1e-3
+
+
+def test_a_failing_identity_alone_is_the_first_failure():
+    js = {"precision": "bf16", "tensors": [{"name": "grad.h.0.attn.w_o", "verdict": "pass"}],
+          "identities": [{"name": "identity.h.0.vo", "verdict": "fail", "skew": -0.0097,
+                          "tolerance": 0.0068, "ratio": 1.42}],
+          "summary": {"verdict": "fail", "first_failure": None,
+                      "first_identity_failure": "identity.h.0.vo"}}
+    rep = normref.Report("the table", js)
+    assert not rep.passed and rep.first_failure == "identity.h.0.vo"
+    assert rep[rep.first_failure]["skew"] == -0.0097
