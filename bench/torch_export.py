@@ -15,7 +15,9 @@ export-list reads one "MODEL DATA B T OUT [options]" line per export.
 
 --dtype bf16 is the convention `bf16` of `normref check`: the model converted to bfloat16
 (every parameter, activation and gradient stored in it, as model.to(torch.bfloat16) does) and
-the loss computed in float32 from the bfloat16 logits; its tensors are written as F32.  The
+the loss computed in float32 from the bfloat16 logits; its tensors are written as F32.  Its
+products and the embedding's gradient sum in float32, as the convention says (PyTorch 1.13's
+own sum them in bfloat16 on some processors; see bench/torch_peer.py).  The
 metadata records model_fnv1a64 and batch_fnv1a64, the digests `normref grad` writes (FNV-1a 64
 of the model file's bytes, and of the tokens then the targets as little-endian int32).
 
