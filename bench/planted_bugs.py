@@ -20,10 +20,11 @@ IMPL is how the model is computed:
              (its products in bfloat16), the loss in float32
   bf16-fused as bf16, with the GELU computed in float32 from the bfloat16 input and rounded
              once to bfloat16, forward and backward, as a fused kernel computes it
-  hf-f32, hf-bf16
+  hf-f32, hf-bf16, hf-autocast
              Hugging Face's GPT2LMHeadModel loaded from MODEL, a folder written by
-             `normref convert --to hf` (model.safetensors, config.json), in float32 or
-             torch.bfloat16; the results keep Hugging Face's names (grad.transformer.h.0.
+             `normref convert --to hf` (model.safetensors, config.json), in float32, in
+             torch.bfloat16, or in float32 with the forward pass under torch.autocast('cpu',
+             torch.bfloat16); the results keep Hugging Face's names (grad.transformer.h.0.
              attn.c_attn.weight, ..., hidden_states.{i}), for `normref convert --from hf
              --to normref --results`
 
@@ -58,7 +59,7 @@ import torch  # noqa: E402
 
 BUGS = ("zero-grads", "grad-x2", "grad-x1.01", "eps-outside", "unbiased-var", "gelu-erf",
         "no-causal-mask", "scale-1/dk", "no-final-bias", "wpe-shift", "loss+0.01")
-IMPLS = ("f32", "bf16", "autocast", "bf16-fused", "hf-f32", "hf-bf16")
+IMPLS = ("f32", "bf16", "autocast", "bf16-fused", "hf-f32", "hf-bf16", "hf-autocast")
 # The tensor that grad-x2 and grad-x1.01 scale: the largest weight matrix of block 0 (d x 4d
 # elements), the product of the MLP's backward pass that a matrix kernel computes.
 SCALED = "h.0.mlp.w_up"
@@ -167,7 +168,11 @@ def export_hf(folder, data, B, T, impl):
     model = GPT2LMHeadModel.from_pretrained(folder, torch_dtype=dtype)
     model.eval()    # no dropout (the conversion writes zero dropout rates anyway)
     tokens, targets = byte_batch(os.path.join(data), B, T)
-    outputs = model(tokens, output_hidden_states=True)
+    if impl == "hf-autocast":
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            outputs = model(tokens, output_hidden_states=True)
+    else:
+        outputs = model(tokens, output_hidden_states=True)
     logits = outputs.logits
     loss = torch.nn.functional.cross_entropy(logits.float().reshape(B * T, -1), targets.reshape(-1))
     loss.backward()
