@@ -20,6 +20,13 @@ IMPL is how the model is computed:
              (its products in bfloat16), the loss in float32
   bf16-fused as bf16, with the GELU computed in float32 from the bfloat16 input and rounded
              once to bfloat16, forward and backward, as a fused kernel computes it
+  f16        IEEE half storage, as a kernel library with float32 arithmetic inside its kernels
+             computes it (PyTorch has no half-precision kernels on the CPU): the weights rounded
+             to half, and every tensor a kernel writes (the embedding's sum, each product with
+             its bias, the scaled and masked scores, the probabilities, each norm's output, the
+             GELU's, each residual sum, the logits) rounded to half on the way out, its gradient
+             rounded to half on the way back; products and sums in float32, the loss in float32
+             from the half logits, the parameters' gradients summed in float32 and stored in half
   hf-f32, hf-bf16, hf-autocast
              Hugging Face's GPT2LMHeadModel loaded from MODEL, a folder written by
              `normref convert --to hf` (model.safetensors, config.json), in float32, in
@@ -28,7 +35,7 @@ IMPL is how the model is computed:
              attn.c_attn.weight, ..., hidden_states.{i}), for `normref convert --from hf
              --to normref --results`
 
-BUG, for f32, bf16, autocast and bf16-fused only, is one of
+BUG, for f32, bf16, autocast, bf16-fused and f16 only, is one of
   zero-grads       every gradient is zero
   grad-x2          grad.h.0.mlp.w_up is twice the true one
   grad-x1.01       grad.h.0.mlp.w_up is 1.01 times the true one
@@ -59,7 +66,7 @@ import torch  # noqa: E402
 
 BUGS = ("zero-grads", "grad-x2", "grad-x1.01", "eps-outside", "unbiased-var", "gelu-erf",
         "no-causal-mask", "scale-1/dk", "no-final-bias", "wpe-shift", "loss+0.01")
-IMPLS = ("f32", "bf16", "autocast", "bf16-fused", "hf-f32", "hf-bf16", "hf-autocast")
+IMPLS = ("f32", "bf16", "autocast", "bf16-fused", "f16", "hf-f32", "hf-bf16", "hf-autocast")
 # The tensor that grad-x2 and grad-x1.01 scale: the largest weight matrix of block 0 (d x 4d
 # elements), the product of the MLP's backward pass that a matrix kernel computes.
 SCALED = "h.0.mlp.w_up"
@@ -122,6 +129,75 @@ class Planted(Peer):
         return self.mm(self.norm(x, "norm_f"), self.p["wte"].T)
 
 
+class Round16(torch.autograd.Function):
+    """A float32 tensor stored in IEEE half: forward its value rounded, backward its gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.half().float()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.half().float()
+
+
+h16 = Round16.apply
+
+
+class Half(Planted):
+    """The planted model at f16: float32 tensors that hold half-precision values, rounded
+    where a kernel stores its output (the docstring's IMPLS)."""
+
+    def __init__(self, cfg, weights, bug):
+        super().__init__(cfg, weights, torch.float32, bug)
+        with torch.no_grad():
+            for t in self.p.values():
+                t.copy_(t.half().float())
+
+    @staticmethod
+    def mm(a, b):
+        return a @ b                        # float32; each caller stores the result
+
+    def norm(self, x, slot):
+        return h16(super().norm(x, slot))
+
+    def gelu(self, a):
+        return h16(self.gelu_any(a))
+
+    def attention(self, x, l, norm_qk, norm_v):
+        B, T, d = x.shape
+        h = self.c["n_head"]
+        pre = "h.%d.attn." % l
+        qkv = h16(x @ self.p[pre + "w_qkv"].T + self.p[pre + "b_qkv"])
+        q, k, v = [t.reshape(B, T, h, d // h).transpose(1, 2) for t in qkv.split(d, dim=-1)]
+        att = h16(torch.softmax(h16(self.scores(q, k)), dim=-1))
+        y = h16(att @ v).transpose(1, 2).reshape(B, T, d)
+        return h16(y @ self.p[pre + "w_o"].T + self.p[pre + "b_o"])
+
+    def mlp(self, x, l):
+        pre = "h.%d.mlp." % l
+        a = h16(x @ self.p[pre + "w_up"].T + self.p[pre + "b_up"])
+        return h16(self.gelu(a) @ self.p[pre + "w_down"].T + self.p[pre + "b_down"])
+
+    def block(self, x, l):                  # Pre-LN, the suite's placement
+        dt = self.c["dt"]
+        f = self.attention(self.norm(x, "h.%d.norm_attn_in" % l), l, False, False)
+        self.record(2 * l, x, f)
+        y = h16(x + dt * f)
+        g = self.mlp(self.norm(y, "h.%d.norm_mlp_in" % l), l)
+        self.record(2 * l + 1, y, g)
+        return h16(y + dt * g)
+
+    def logits(self, tokens):
+        T = tokens.shape[1]
+        wpe = self.p["wpe"][1:T + 1] if self.bug == "wpe-shift" else self.p["wpe"][:T]
+        x = h16(self.p["wte"][tokens] + wpe)
+        for l in range(self.c["n_layer"]):
+            x = self.block(x, l)
+        self.trace["stream.%d" % (2 * self.c["n_layer"])] = x
+        return h16(self.norm(x, "norm_f") @ self.p["wte"].T)
+
+
 def export_peer(model, data, B, T, out, impl, bug):
     meta, weights = read_safetensors(model)
     cfg = json.loads(meta["config"])
@@ -129,8 +205,11 @@ def export_peer(model, data, B, T, out, impl, bug):
         raise ValueError("%s: the suite's implementation is the Pre-LN LayerNorm GPT" % model)
     if bug == "wpe-shift" and T + 1 > cfg["block_size"]:
         raise ValueError("wpe-shift needs T + 1 <= block_size")
-    peer = Planted(cfg, weights, torch.bfloat16 if impl in ("bf16", "bf16-fused") else torch.float32,
-                   bug)
+    if impl == "f16":
+        peer = Half(cfg, weights, bug)
+    else:
+        peer = Planted(cfg, weights,
+                       torch.bfloat16 if impl in ("bf16", "bf16-fused") else torch.float32, bug)
     peer.fused = impl == "bf16-fused"
     tokens, targets = byte_batch(data, B, T)
     if impl == "autocast":
@@ -154,6 +233,8 @@ def export_peer(model, data, B, T, out, impl, bug):
     tensors.append(("loss", np.array(loss.item(), dtype=np.float32)))
     for name, t in peer.p.items():
         g = f32(t.grad) if t.grad is not None else np.zeros(tuple(t.shape), np.float32)
+        if impl == "f16":
+            g = g.astype(np.float16).astype(np.float32)     # stored in half
         if bug == "zero-grads":
             g = np.zeros_like(g)
         elif bug in ("grad-x2", "grad-x1.01") and name == SCALED:
@@ -191,7 +272,7 @@ def export(model, data, B, T, out, impl, bug):
     else:
         tensors, loss = export_peer(model, data, B, T, out, impl, bug)
     write_safetensors(out, tensors, {
-        "precision": "f32" if impl in ("f32", "hf-f32") else "bf16",
+        "precision": ("f32" if impl in ("f32", "hf-f32") else "f16" if impl == "f16" else "bf16"),
         "producer": "bench/planted_bugs.py %s%s" % (impl, " " + bug if bug else "")})
     print("planted_bugs: %s %s, loss %.9g -> %s" % (impl, bug or "correct", loss, out))
 
