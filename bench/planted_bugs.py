@@ -27,6 +27,11 @@ IMPL is how the model is computed:
              GELU's, each residual sum, the logits) rounded to half on the way out, its gradient
              rounded to half on the way back; products and sums in float32, the loss in float32
              from the half logits, the parameters' gradients summed in float32 and stored in half
+  f16-ops    as f16, with each norm and the GELU written from tensor operations, every
+             operation's output (and its gradient) stored in half, their constants (eps, the
+             GELU's) stored in half, the cube as (a a) a, a product stored before its bias is
+             added, and the scores stored before their scale: as PyTorch's half-precision
+             tensor operations compute them where it has half kernels
   hf-f32, hf-bf16, hf-autocast
              Hugging Face's GPT2LMHeadModel loaded from MODEL, a folder written by
              `normref convert --to hf` (model.safetensors, config.json), in float32, in
@@ -66,7 +71,8 @@ import torch  # noqa: E402
 
 BUGS = ("zero-grads", "grad-x2", "grad-x1.01", "eps-outside", "unbiased-var", "gelu-erf",
         "no-causal-mask", "scale-1/dk", "no-final-bias", "wpe-shift", "loss+0.01")
-IMPLS = ("f32", "bf16", "autocast", "bf16-fused", "f16", "hf-f32", "hf-bf16", "hf-autocast")
+IMPLS = ("f32", "bf16", "autocast", "bf16-fused", "f16", "f16-ops", "hf-f32", "hf-bf16",
+         "hf-autocast")
 # The tensor that grad-x2 and grad-x1.01 scale: the largest weight matrix of block 0 (d x 4d
 # elements), the product of the MLP's backward pass that a matrix kernel computes.
 SCALED = "h.0.mlp.w_up"
@@ -148,8 +154,9 @@ class Half(Planted):
     """The planted model at f16: float32 tensors that hold half-precision values, rounded
     where a kernel stores its output (the docstring's IMPLS)."""
 
-    def __init__(self, cfg, weights, bug):
+    def __init__(self, cfg, weights, bug, ops=False):
         super().__init__(cfg, weights, torch.float32, bug)
+        self.ops = ops
         with torch.no_grad():
             for t in self.p.values():
                 t.copy_(t.half().float())
@@ -159,25 +166,48 @@ class Half(Planted):
         return a @ b                        # float32; each caller stores the result
 
     def norm(self, x, slot):
-        return h16(super().norm(x, slot))
+        if not self.ops:
+            return h16(super().norm(x, slot))
+        eps = torch.tensor(self.c["eps"]).half().float()
+        mu = h16(x.mean(-1, keepdim=True))
+        xc = h16(x - mu)
+        var = h16(h16(xc * xc).mean(-1, keepdim=True))
+        y = h16(xc / h16(torch.sqrt(h16(var + eps))))
+        return h16(h16(y * self.p[slot + ".weight"]) + self.p[slot + ".bias"])
 
     def gelu(self, a):
-        return h16(self.gelu_any(a))
+        if not self.ops:
+            return h16(self.gelu_any(a))
+        k = lambda v: float(torch.tensor(v).half())
+        u = h16(a + h16(k(0.044715) * h16(h16(a * a) * a)))
+        t = h16(torch.tanh(h16(k(math.sqrt(2 / math.pi)) * u)))
+        return h16(h16(0.5 * a) * h16(1 + t))
+
+    def affine(self, x, w, b):
+        """x w^T + b stored: at once, or the product stored before the bias is added"""
+        return h16(h16(x @ w.T) + b) if self.ops else h16(x @ w.T + b)
+
+    def scores(self, q, k):
+        if not self.ops:
+            return super().scores(q, k)
+        T, dk = q.shape[-2], q.shape[-1]
+        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        return (h16(q @ k.transpose(-1, -2)) / math.sqrt(dk)).masked_fill(mask, float("-inf"))
 
     def attention(self, x, l, norm_qk, norm_v):
         B, T, d = x.shape
         h = self.c["n_head"]
         pre = "h.%d.attn." % l
-        qkv = h16(x @ self.p[pre + "w_qkv"].T + self.p[pre + "b_qkv"])
+        qkv = self.affine(x, self.p[pre + "w_qkv"], self.p[pre + "b_qkv"])
         q, k, v = [t.reshape(B, T, h, d // h).transpose(1, 2) for t in qkv.split(d, dim=-1)]
         att = h16(torch.softmax(h16(self.scores(q, k)), dim=-1))
         y = h16(att @ v).transpose(1, 2).reshape(B, T, d)
-        return h16(y @ self.p[pre + "w_o"].T + self.p[pre + "b_o"])
+        return self.affine(y, self.p[pre + "w_o"], self.p[pre + "b_o"])
 
     def mlp(self, x, l):
         pre = "h.%d.mlp." % l
-        a = h16(x @ self.p[pre + "w_up"].T + self.p[pre + "b_up"])
-        return h16(self.gelu(a) @ self.p[pre + "w_down"].T + self.p[pre + "b_down"])
+        a = self.affine(x, self.p[pre + "w_up"], self.p[pre + "b_up"])
+        return self.affine(self.gelu(a), self.p[pre + "w_down"], self.p[pre + "b_down"])
 
     def block(self, x, l):                  # Pre-LN, the suite's placement
         dt = self.c["dt"]
@@ -205,8 +235,8 @@ def export_peer(model, data, B, T, out, impl, bug):
         raise ValueError("%s: the suite's implementation is the Pre-LN LayerNorm GPT" % model)
     if bug == "wpe-shift" and T + 1 > cfg["block_size"]:
         raise ValueError("wpe-shift needs T + 1 <= block_size")
-    if impl == "f16":
-        peer = Half(cfg, weights, bug)
+    if impl in ("f16", "f16-ops"):
+        peer = Half(cfg, weights, bug, ops=impl == "f16-ops")
     else:
         peer = Planted(cfg, weights,
                        torch.bfloat16 if impl in ("bf16", "bf16-fused") else torch.float32, bug)
@@ -233,7 +263,7 @@ def export_peer(model, data, B, T, out, impl, bug):
     tensors.append(("loss", np.array(loss.item(), dtype=np.float32)))
     for name, t in peer.p.items():
         g = f32(t.grad) if t.grad is not None else np.zeros(tuple(t.shape), np.float32)
-        if impl == "f16":
+        if impl in ("f16", "f16-ops"):
             g = g.astype(np.float16).astype(np.float32)     # stored in half
         if bug == "zero-grads":
             g = np.zeros_like(g)
@@ -272,7 +302,7 @@ def export(model, data, B, T, out, impl, bug):
     else:
         tensors, loss = export_peer(model, data, B, T, out, impl, bug)
     write_safetensors(out, tensors, {
-        "precision": ("f32" if impl in ("f32", "hf-f32") else "f16" if impl == "f16" else "bf16"),
+        "precision": ("f32" if impl in ("f32", "hf-f32") else "f16" if impl.startswith("f16") else "bf16"),
         "producer": "bench/planted_bugs.py %s%s" % (impl, " " + bug if bug else "")})
     print("planted_bugs: %s %s, loss %.9g -> %s" % (impl, bug or "correct", loss, out))
 
@@ -289,7 +319,7 @@ def main(args):
         if not w:
             continue
         if len(w) not in (6, 7) or w[5] not in IMPLS or (len(w) == 7 and (
-                w[6] not in BUGS or w[5].startswith("hf-"))):
+                w[6] not in BUGS or w[5].startswith("hf-") or w[5] == "f16-ops")):
             print("planted_bugs: bad line: %s" % line.strip(), file=sys.stderr)
             return 2
         try:
