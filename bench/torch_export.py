@@ -8,7 +8,7 @@ spec section 8 says (`loss`, `logits`, `grad.NAME`, `stream.{k}`, `branch.{k}`),
 precision it claims in `__metadata__.precision`.  The implementation is bench/torch_peer.py's
 model, written from the specification in PyTorch autograd.
 
-    /usr/bin/python3 bench/torch_export.py MODEL DATA B T OUT [--dtype f64|f32|bf16] [--break NAME]
+    /usr/bin/python3 bench/torch_export.py MODEL DATA B T OUT [--dtype f64|f32|bf16|f16] [--break NAME]
     /usr/bin/python3 bench/torch_export.py export-list FILE
 
 export-list reads one "MODEL DATA B T OUT [options]" line per export.
@@ -20,6 +20,18 @@ products and the embedding's gradient sum in float32, as the convention says (Py
 own sum them in bfloat16 on some processors; see bench/torch_peer.py).  The
 metadata records model_fnv1a64 and batch_fnv1a64, the digests `normref grad` writes (FNV-1a 64
 of the model file's bytes, and of the tokens then the targets as little-endian int32).
+
+--dtype f16 is the convention `f16`, computed as a kernel library with float32 arithmetic inside
+its kernels computes it (PyTorch has no half-precision kernels on the CPU): float32 tensors that
+hold half-precision values, the weights rounded to half, and every product, norm output, GELU
+output, geodesic step and block output rounded to half on its way out and its gradient rounded
+to half on its way back; bias additions, the softmax and the residual sum inside a block are
+kept in float32 (fused into their neighbours), the loss in float32 from the half logits, the
+parameters' gradients summed in float32 and stored in half.  The backward pass starts from the
+loss times 1024 and the parameters' gradients are divided by it before they are stored, as
+half-precision training scales its loss (a static scale): a loss's gradient divided by B*T
+tokens lies below half's smallest normal number, and the gradients that pass through the
+attention's scores would lose percents to half's subnormals.
 
 --break plants one deliberate mistake, so that the report that catches it can be read:
   ln-eps-outside   LayerNorm divides by sqrt(var) + eps instead of sqrt(var + eps)
@@ -41,6 +53,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 BREAKS = ("ln-eps-outside", "gelu-erf")
+F16_LOSS_SCALE = 1024.0     # the gradients' scale in half precision (--dtype f16)
 
 
 class TracedPeer(Peer):
@@ -71,6 +84,46 @@ class TracedPeer(Peer):
     def record(self, k, stream, branch):
         self.trace["stream.%d" % k] = stream
         self.trace["branch.%d" % k] = branch
+
+
+class Round16(torch.autograd.Function):
+    """A float32 tensor stored in IEEE half: forward its value rounded, backward its gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.half().float()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.half().float()
+
+
+h16 = Round16.apply
+
+
+class HalfPeer(TracedPeer):
+    """TracedPeer at f16: its kernels' outputs stored in half (the docstring's --dtype f16)."""
+
+    def __init__(self, cfg, weights, broken):
+        super().__init__(cfg, weights, torch.float32, broken)
+        with torch.no_grad():
+            for t in self.p.values():
+                t.copy_(t.half().float())
+
+    def mm(self, a, b):
+        return h16(a @ b)
+
+    def norm(self, x, slot):
+        return h16(super().norm(x, slot))
+
+    def gelu(self, a):
+        return h16(super().gelu(a))
+
+    def geo(self, x, u, a):
+        return h16(Peer.geo(x, u, a))
+
+    def block(self, x, l):
+        return h16(super().block(x, l))
 
 
 def write_safetensors(path, tensors, metadata):
@@ -113,15 +166,17 @@ def export(model, data, B, T, out, dtype, broken):
     meta, weights = read_safetensors(model)
     cfg = json.loads(meta["config"])
     tdtype, ndtype = {"f64": (torch.float64, np.float64), "f32": (torch.float32, np.float32),
-                      "bf16": (torch.bfloat16, np.float32)}[dtype]
-    peer = TracedPeer(cfg, weights, tdtype, broken)
+                      "bf16": (torch.bfloat16, np.float32), "f16": (None, np.float32)}[dtype]
+    peer = (HalfPeer(cfg, weights, broken) if dtype == "f16"
+            else TracedPeer(cfg, weights, tdtype, broken))
     tokens, targets = byte_batch(data, B, T)
     loss, logits = peer.forward(tokens, targets)
     if dtype == "bf16":                 # the loss in float32 from the bfloat16 logits
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(B * T, -1),
                                                  targets.reshape(-1))
     peer.trace["stream.%d" % (2 * cfg["n_layer"])] = peer.last_stream
-    loss.backward()
+    scale = F16_LOSS_SCALE if dtype == "f16" else 1.0
+    (loss * scale).backward()
     with open(model, "rb") as f:
         digests = {"model_fnv1a64": fnv1a64([f.read()]),
                    "batch_fnv1a64": fnv1a64([np.asarray(x, dtype="<i4").tobytes()
@@ -136,6 +191,8 @@ def export(model, data, B, T, out, dtype, broken):
     tensors.append(("loss", np.array(loss.item(), dtype=ndtype)))
     for name, t in peer.p.items():
         g = host(t.grad) if t.grad is not None else np.zeros(tuple(t.shape), dtype=ndtype)
+        if dtype == "f16":
+            g = (g / np.float32(scale)).astype(np.float16).astype(np.float32)     # stored in half
         tensors.append(("grad." + name, g))
     write_safetensors(out, [(n, np.asarray(a, dtype=ndtype)) for n, a in tensors],
                       dict(digests, precision=dtype, producer="bench/torch_export.py" +
@@ -156,7 +213,7 @@ def main(args):
         return status
     dtype, broken = "f64", None
     while len(args) > 5:
-        if args[-2] == "--dtype" and args[-1] in ("f64", "f32", "bf16"):
+        if args[-2] == "--dtype" and args[-1] in ("f64", "f32", "bf16", "f16"):
             dtype = args[-1]
         elif args[-2] == "--break" and args[-1] in BREAKS:
             broken = args[-1]
