@@ -24,9 +24,9 @@ of the model file's bytes, and of the tokens then the targets as little-endian i
 --dtype f16 is the convention `f16`, computed as a kernel library with float32 arithmetic inside
 its kernels computes it (PyTorch has no half-precision kernels on the CPU): float32 tensors that
 hold half-precision values, the weights rounded to half, and every product, norm output, GELU
-output, geodesic step and block output rounded to half on its way out and its gradient rounded
-to half on its way back; bias additions, the softmax and the residual sum inside a block are
-kept in float32 (fused into their neighbours), the loss in float32 from the half logits, the
+output, geodesic step and residual sum that becomes the stream rounded to half on its way out
+and its gradient rounded to half on its way back; bias additions, the softmax and a sum that
+only feeds a norm (Post-LN's, DeepNorm's) are kept in float32 (fused into their neighbours), the loss in float32 from the half logits, the
 parameters' gradients summed in float32 and stored in half.  The backward pass starts from the
 loss times 1024 and the parameters' gradients are divided by it before they are stored, as
 half-precision training scales its loss (a static scale): a loss's gradient divided by B*T
@@ -122,8 +122,8 @@ class HalfPeer(TracedPeer):
     def geo(self, x, u, a):
         return h16(Peer.geo(x, u, a))
 
-    def block(self, x, l):
-        return h16(super().block(x, l))
+    def res(self, v):
+        return h16(v)
 
 
 def write_safetensors(path, tensors, metadata):

@@ -154,6 +154,11 @@ class Peer:
     def record(self, k, stream, branch):
         """Sublayer k's input stream and its branch output (spec section 8); kept by the exporter."""
 
+    @staticmethod
+    def res(v):
+        """A residual sum that becomes the stream (stored, where a precision stores tensors)."""
+        return v
+
     # -- spec section 4: the placements; R(k, x, f) records sublayer k (input x, branch f) and gives f
     def block(self, x, l):
         c, L, dt = self.c, self.c["n_layer"], self.c["dt"]
@@ -171,22 +176,22 @@ class Peer:
             self.record(k, stream, f)
             return f
         if p == "none":
-            y = x + dt * R(a, x, A(x))
-            return y + dt * R(m, y, M(y))
+            y = self.res(x + dt * R(a, x, A(x)))
+            return self.res(y + dt * R(m, y, M(y)))
         if p in ("post", "deepnorm"):
             al = (2 * L) ** 0.25 if p == "deepnorm" else 1.0
             y = N(al * x + dt * R(a, x, A(x)), "norm_attn_out")
             return N(al * y + dt * R(m, y, M(y)), "norm_mlp_out")
         if p == "pre" or (p == "hybrid_star" and l == 0):
-            y = x + dt * R(a, x, A(N(x, "norm_attn_in")))
-            return y + dt * R(m, y, M(N(y, "norm_mlp_in")))
+            y = self.res(x + dt * R(a, x, A(N(x, "norm_attn_in"))))
+            return self.res(y + dt * R(m, y, M(N(y, "norm_mlp_in"))))
         if p in ("peri", "sandwich"):
-            y = x + dt * R(a, x, N(A(N(x, "norm_attn_in")), "norm_attn_out"))
-            return y + dt * R(m, y, N(M(N(y, "norm_mlp_in")), "norm_mlp_out"))
+            y = self.res(x + dt * R(a, x, N(A(N(x, "norm_attn_in")), "norm_attn_out")))
+            return self.res(y + dt * R(m, y, N(M(N(y, "norm_mlp_in")), "norm_mlp_out")))
         if p in ("hybrid", "hybrid_star"):
-            y = x + dt * R(a, x, A(x))
+            y = self.res(x + dt * R(a, x, A(x)))
             ny = N(y, "norm_mlp_in")
-            return ny + dt * R(m, y, M(ny))
+            return self.res(ny + dt * R(m, y, M(ny)))
         if p == "geonorm":
             k = l + 1
             aA = step_size(c["geo_schedule"], c["geo_alpha_attn"], k, L)
