@@ -64,7 +64,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_peer  # noqa: E402,F401  (exits 77 without PyTorch)
 from torch_peer import Peer, byte_batch, read_safetensors  # noqa: E402
-from torch_export import write_safetensors  # noqa: E402
+from torch_export import h16, write_safetensors  # noqa: E402  (h16: a tensor stored in half)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -133,21 +133,6 @@ class Planted(Peer):
             x = self.block(x, l)
         self.trace["stream.%d" % (2 * self.c["n_layer"])] = x
         return self.mm(self.norm(x, "norm_f"), self.p["wte"].T)
-
-
-class Round16(torch.autograd.Function):
-    """A float32 tensor stored in IEEE half: forward its value rounded, backward its gradient."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.half().float()
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.half().float()
-
-
-h16 = Round16.apply
 
 
 class Half(Planted):
