@@ -64,7 +64,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_peer  # noqa: E402,F401  (exits 77 without PyTorch)
 from torch_peer import Peer, byte_batch, read_safetensors  # noqa: E402
-from torch_export import h16, write_safetensors  # noqa: E402  (h16: a tensor stored in half)
+from torch_export import h16, round_to_half, write_safetensors  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -142,9 +142,7 @@ class Half(Planted):
     def __init__(self, cfg, weights, bug, ops=False):
         super().__init__(cfg, weights, torch.float32, bug)
         self.ops = ops
-        with torch.no_grad():
-            for t in self.p.values():
-                t.copy_(t.half().float())
+        round_to_half(self.p)
 
     @staticmethod
     def mm(a, b):
@@ -194,14 +192,8 @@ class Half(Planted):
         a = self.affine(x, self.p[pre + "w_up"], self.p[pre + "b_up"])
         return self.affine(self.gelu(a), self.p[pre + "w_down"], self.p[pre + "b_down"])
 
-    def block(self, x, l):                  # Pre-LN, the suite's placement
-        dt = self.c["dt"]
-        f = self.attention(self.norm(x, "h.%d.norm_attn_in" % l), l, False, False)
-        self.record(2 * l, x, f)
-        y = h16(x + dt * f)
-        g = self.mlp(self.norm(y, "h.%d.norm_mlp_in" % l), l)
-        self.record(2 * l + 1, y, g)
-        return h16(y + dt * g)
+    def res(self, v):                       # the stream, after each residual sum
+        return h16(v)
 
     def logits(self, tokens):
         T = tokens.shape[1]

@@ -101,14 +101,19 @@ class Round16(torch.autograd.Function):
 h16 = Round16.apply
 
 
+def round_to_half(params):
+    """Every float32 parameter (a dict of leaf tensors) rounded to half, in place."""
+    with torch.no_grad():
+        for t in params.values():
+            t.copy_(t.half().float())
+
+
 class HalfPeer(TracedPeer):
     """TracedPeer at f16: its kernels' outputs stored in half (the docstring's --dtype f16)."""
 
     def __init__(self, cfg, weights, broken):
         super().__init__(cfg, weights, torch.float32, broken)
-        with torch.no_grad():
-            for t in self.p.values():
-                t.copy_(t.half().float())
+        round_to_half(self.p)
 
     def mm(self, a, b):
         return h16(a @ b)
