@@ -8,7 +8,7 @@ writes loss, logits, every grad.NAME and every trace stream.{k}, branch.{k}
 (interchange specification, section "Results"), as float32, with
 __metadata__.precision the precision claimed.
 
-    /usr/bin/python3 bench/planted_bugs.py export-list FILE
+    /usr/bin/python3 bench/planted_bugs.py export-list FILE [--device cuda]
 
 FILE holds one export a line:  MODEL DATA B T OUT IMPL [BUG]
 
@@ -39,7 +39,16 @@ IMPL is how the model is computed:
              torch.bfloat16); the results keep Hugging Face's names (grad.transformer.h.0.
              attn.c_attn.weight, ..., hidden_states.{i}), for `normref convert --from hf
              --to normref --results`
+  hf-tf32, hf-f16-autocast
+             the same model in float32 with its products in TF32 (PyTorch's allow_tf32), which
+             claims f32 and is a fault: TF32 keeps 10 of float32's 23 fraction bits; and the
+             forward pass under torch.autocast(DEVICE, torch.float16), the backward pass from
+             the loss times 1024 (a static loss scale, the gradients divided by it), claimed as
+             f16.  Both need a GPU (--device cuda): the CPU has no TF32 and no half kernels
 
+--device cuda computes the Hugging Face lines on the GPU (float32 without TF32 unless the
+line says hf-tf32; the attention is the library's fused one where it has it); the default is
+the CPU.
 BUG, for f32, bf16, autocast, bf16-fused and f16 only, is one of
   zero-grads       every gradient is zero
   grad-x2          grad.h.0.mlp.w_up is twice the true one
@@ -72,7 +81,8 @@ import torch  # noqa: E402
 BUGS = ("zero-grads", "grad-x2", "grad-x1.01", "eps-outside", "unbiased-var", "gelu-erf",
         "no-causal-mask", "scale-1/dk", "no-final-bias", "wpe-shift", "loss+0.01")
 IMPLS = ("f32", "bf16", "autocast", "bf16-fused", "f16", "f16-ops", "hf-f32", "hf-bf16",
-         "hf-autocast")
+         "hf-autocast", "hf-tf32", "hf-f16-autocast")
+DEVICE = "cpu"              # where the Hugging Face lines run (--device)
 # The tensor that grad-x2 and grad-x1.01 scale: the largest weight matrix of block 0 (d x 4d
 # elements), the product of the MLP's backward pass that a matrix kernel computes.
 SCALED = "h.0.mlp.w_up"
@@ -251,25 +261,41 @@ def export_peer(model, data, B, T, out, impl, bug):
 
 
 def export_hf(folder, data, B, T, impl):
+    import transformers
     from transformers import GPT2LMHeadModel   # only the hf lines need it
     dtype = torch.bfloat16 if impl == "hf-bf16" else torch.float32
-    model = GPT2LMHeadModel.from_pretrained(folder, torch_dtype=dtype)
+    # the argument is dtype from transformers 4.56 on, torch_dtype before (where dtype is ignored)
+    major, minor = (int(v) for v in transformers.__version__.split(".")[:2])
+    key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    model = GPT2LMHeadModel.from_pretrained(folder, **{key: dtype})
+    if next(model.parameters()).dtype != dtype:
+        raise ValueError("%s: transformers %s loaded the model in %s, not %s"
+                         % (folder, transformers.__version__, next(model.parameters()).dtype, dtype))
+    model.to(DEVICE)
     model.eval()    # no dropout (the conversion writes zero dropout rates anyway)
     tokens, targets = byte_batch(os.path.join(data), B, T)
-    if impl == "hf-autocast":
-        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+    tokens, targets = tokens.to(DEVICE), targets.to(DEVICE)
+    if DEVICE == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = impl == "hf-tf32"
+        torch.backends.cudnn.allow_tf32 = impl == "hf-tf32"
+    elif impl in ("hf-tf32", "hf-f16-autocast"):
+        raise ValueError("%s needs --device cuda" % impl)
+    scale = 1024.0 if impl == "hf-f16-autocast" else 1.0
+    if impl in ("hf-autocast", "hf-f16-autocast"):
+        half = torch.float16 if impl == "hf-f16-autocast" else torch.bfloat16
+        with torch.autocast(device_type=DEVICE, dtype=half):
             outputs = model(tokens, output_hidden_states=True)
     else:
         outputs = model(tokens, output_hidden_states=True)
     logits = outputs.logits
     loss = torch.nn.functional.cross_entropy(logits.float().reshape(B * T, -1), targets.reshape(-1))
-    loss.backward()
-    f32 = lambda t: t.detach().float().numpy()
+    (loss * scale).backward()
+    f32 = lambda t: t.detach().float().cpu().numpy()
     tensors = [("hidden_states.%d" % i, f32(h)) for i, h in enumerate(outputs.hidden_states)]
     tensors.append(("logits", f32(logits)))
     tensors.append(("loss", np.array(loss.item(), dtype=np.float32)))
     for name, p in model.named_parameters():
-        tensors.append(("grad." + name, f32(p.grad)))
+        tensors.append(("grad." + name, f32(p.grad) / np.float32(scale)))
     return tensors, loss.item()
 
 
@@ -279,15 +305,24 @@ def export(model, data, B, T, out, impl, bug):
     else:
         tensors, loss = export_peer(model, data, B, T, out, impl, bug)
     write_safetensors(out, tensors, {
-        "precision": ("f32" if impl in ("f32", "hf-f32") else "f16" if impl.startswith("f16") else "bf16"),
-        "producer": "bench/planted_bugs.py %s%s" % (impl, " " + bug if bug else "")})
+        "precision": ("f32" if impl in ("f32", "hf-f32", "hf-tf32")
+                      else "f16" if impl.startswith("f16") or impl == "hf-f16-autocast" else "bf16"),
+        "producer": "bench/planted_bugs.py %s%s%s" % (impl, " " + bug if bug else "",
+                                                      " on cuda" if impl.startswith("hf-") and DEVICE == "cuda" else "")})
     print("planted_bugs: %s %s, loss %.9g -> %s" % (impl, bug or "correct", loss, out))
 
 
 def main(args):
+    global DEVICE
+    if len(args) == 4 and args[2] == "--device" and args[3] in ("cpu", "cuda"):
+        DEVICE = args[3]
+        args = args[:2]
     if len(args) != 2 or args[0] != "export-list":
         print(__doc__, file=sys.stderr)
         return 2
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("planted_bugs: --device cuda: PyTorch sees no GPU", file=sys.stderr)
+        return 77
     torch.set_num_threads(1)
     torch.manual_seed(0)
     status = 0
