@@ -9,6 +9,7 @@ precision it claims in `__metadata__.precision`.  The implementation is bench/to
 model, written from the specification in PyTorch autograd.
 
     /usr/bin/python3 bench/torch_export.py MODEL DATA B T OUT [--dtype f64|f32|bf16|f16] [--break NAME]
+                                          [--loss-scale S]
     /usr/bin/python3 bench/torch_export.py export-list FILE
 
 export-list reads one "MODEL DATA B T OUT [options]" line per export.
@@ -31,7 +32,9 @@ parameters' gradients summed in float32 and stored in half.  The backward pass s
 loss times 1024 and the parameters' gradients are divided by it before they are stored, as
 half-precision training scales its loss (a static scale): a loss's gradient divided by B*T
 tokens lies below half's smallest normal number, and the gradients that pass through the
-attention's scores would lose percents to half's subnormals.
+attention's scores would lose percents to half's subnormals.  --loss-scale S sets that scale
+(a power of two from 1 to 2^24; 1 is half precision without one); the metadata's producer
+names it when it is not 1024.
 
 --break plants one deliberate mistake, so that the report that catches it can be read:
   ln-eps-outside   LayerNorm divides by sqrt(var) + eps instead of sqrt(var + eps)
@@ -54,6 +57,7 @@ import torch  # noqa: E402
 
 BREAKS = ("ln-eps-outside", "gelu-erf")
 F16_LOSS_SCALE = 1024.0     # the gradients' scale in half precision (--dtype f16)
+LOSS_SCALES = tuple(str(2 ** k) for k in range(25))   # what --loss-scale accepts
 
 
 class TracedPeer(Peer):
@@ -167,7 +171,7 @@ def fnv1a64(chunks):
     return "%016x" % h
 
 
-def export(model, data, B, T, out, dtype, broken):
+def export(model, data, B, T, out, dtype, broken, loss_scale=F16_LOSS_SCALE):
     meta, weights = read_safetensors(model)
     cfg = json.loads(meta["config"])
     tdtype, ndtype = {"f64": (torch.float64, np.float64), "f32": (torch.float32, np.float32),
@@ -180,7 +184,7 @@ def export(model, data, B, T, out, dtype, broken):
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(B * T, -1),
                                                  targets.reshape(-1))
     peer.trace["stream.%d" % (2 * cfg["n_layer"])] = peer.last_stream
-    scale = F16_LOSS_SCALE if dtype == "f16" else 1.0
+    scale = loss_scale if dtype == "f16" else 1.0
     (loss * scale).backward()
     with open(model, "rb") as f:
         digests = {"model_fnv1a64": fnv1a64([f.read()]),
@@ -201,7 +205,9 @@ def export(model, data, B, T, out, dtype, broken):
         tensors.append(("grad." + name, g))
     write_safetensors(out, [(n, np.asarray(a, dtype=ndtype)) for n, a in tensors],
                       dict(digests, precision=dtype, producer="bench/torch_export.py" +
-                           (" --break " + broken if broken else "")))
+                           (" --break " + broken if broken else "") +
+                           (" --loss-scale %g" % scale if dtype == "f16" and
+                            scale != F16_LOSS_SCALE else "")))
     print("torch_export: %s %s, loss %.17g, %d tensors -> %s" %
           (cfg["placement"], cfg["norm"], loss.item(), len(tensors), out))
     return 0
@@ -216,20 +222,25 @@ def main(args):
             if line.strip():
                 status |= main(line.split())
         return status
-    dtype, broken = "f64", None
+    dtype, broken, scale = "f64", None, None
     while len(args) > 5:
         if args[-2] == "--dtype" and args[-1] in ("f64", "f32", "bf16", "f16"):
             dtype = args[-1]
         elif args[-2] == "--break" and args[-1] in BREAKS:
             broken = args[-1]
+        elif args[-2] == "--loss-scale" and args[-1] in LOSS_SCALES:
+            scale = float(args[-1])
         else:
             break
         del args[-2:]
-    if len(args) != 5:
+    if len(args) != 5 or (scale is not None and dtype != "f16"):
         print(__doc__, file=sys.stderr)
+        if scale is not None and dtype != "f16":
+            print("torch_export: --loss-scale is for --dtype f16 alone", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    return export(args[0], args[1], int(args[2]), int(args[3]), args[4], dtype, broken)
+    return export(args[0], args[1], int(args[2]), int(args[3]), args[4], dtype, broken,
+                  F16_LOSS_SCALE if scale is None else scale)
 
 
 if __name__ == "__main__":
