@@ -233,9 +233,10 @@ def main(args):
         else:
             break
         del args[-2:]
-    if len(args) != 5 or (scale is not None and dtype != "f16"):
+    misplaced_scale = scale is not None and dtype != "f16"
+    if len(args) != 5 or misplaced_scale:
         print(__doc__, file=sys.stderr)
-        if scale is not None and dtype != "f16":
+        if misplaced_scale:
             print("torch_export: --loss-scale is for --dtype f16 alone", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
