@@ -61,6 +61,7 @@ _sig("Precision_parse", c_int, c_char_p, POINTER(c_int))
 _sig("CheckReference_new", c_int, c_void_p, c_int_p, c_int_p, c_size_t, c_size_t, POINTER(c_void_p))
 _sig("CheckReference_free", None, POINTER(c_void_p))
 _sig("Check_compare", c_int, c_void_p, c_void_p, c_int, POINTER(c_void_p))
+_sig("Check_misfits", c_int, c_void_p, c_size_t, c_size_t, c_void_p, c_int, POINTER(c_void_p))
 _sig("CheckReport_record_inputs", None, c_void_p, c_void_p, ctypes.c_char_p, ctypes.c_char_p,
      c_int_p, c_int_p, c_size_t, c_size_t)
 _sig("ModelFile_digest", c_int, ctypes.c_char_p, ctypes.c_char_p)
@@ -389,10 +390,14 @@ def check(results, model, batch, precision, runs=None):
             runs = max(1, lib.Check_default_runs(p.value))
         if not isinstance(runs, int) or isinstance(runs, bool) or not 1 <= runs <= 1024:
             raise InputError(f"runs: {runs!r} is not a whole number in 1..1024")
-        call(lib.CheckReference_new, model._m, iptr(tok), iptr(tgt), B, T, ctypes.byref(ref))
-        call(lib.CheckReference_calibrate, ref, model._m, iptr(tok), iptr(tgt), B, T, p.value,
-             runs, 1)
-        call(lib.Check_compare, ref, res, p.value, ctypes.byref(rep))
+        # what fails whatever the reference says is reported before it is computed
+        call(lib.Check_misfits, model._m, B, T, res, p.value, ctypes.byref(rep))
+        if not rep.value:
+            call(lib.CheckReference_new, model._m, iptr(tok), iptr(tgt), B, T,
+                 ctypes.byref(ref))
+            call(lib.CheckReference_calibrate, ref, model._m, iptr(tok), iptr(tgt), B, T,
+                 p.value, runs, 1)
+            call(lib.Check_compare, ref, res, p.value, ctypes.byref(rep))
         lib.CheckReport_record_inputs(rep, model._m, name.encode(), digests[0], iptr(tok),
                                       iptr(tgt), B, T)
         return Report(_report_text(rep), _report_json(rep))

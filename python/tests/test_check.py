@@ -74,6 +74,9 @@ def test_a_missing_tensor_as_the_command_sees_it(tool, tmp_path, model, batch):
     del res["grad.h.1.mlp.w_up"]
     rep = same_as_cli(tool, tmp_path, model, batch, res, "f64")
     assert rep.first_failure == "grad.h.1.mlp.w_up"
+    # it fails whatever the reference says: reported alone, before the reference is computed
+    assert rep.json["summary"]["reference_computed"] is False
+    assert [row["name"] for row in rep.table] == ["grad.h.1.mlp.w_up"]
 
 
 def test_results_from_a_file(tmp_path, model, batch):
